@@ -1,0 +1,57 @@
+# gpucap developer commands. `make run` serves the demo; `make test` runs every check CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: run test bench lint format install install-dev db migrate demo browser clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+db: install
+	$(PY) manage.py createdb
+	$(PY) manage.py migrate --no-input
+
+demo: db
+	$(PY) manage.py demo --url http://127.0.0.1:$(PORT)/
+
+# Web (uvicorn), Celery worker and beat together under honcho.
+run: demo
+	mkdir -p var
+	$(VENV)/bin/honcho start --port $(PORT)
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# Debian's chromium for the browser tests (Playwright drives it; it never downloads browsers).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: install-dev browser lint
+	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/pytest
+
+bench: install-dev
+	$(PY) bench/arbiter_scale.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,178 @@
+"""What the whole REST API shares: one error body shape, the permission classes, and the
+schema class that documents that error shape on every operation.
+
+Every error answers ``{"error": {"code": ..., "message": ..., "fields": {field: [reasons]}}}``
+whether it came from a serializer, a service (Django ``ValidationError`` / ``Conflict``),
+authentication, a missing object, or a path under /api/ that names no endpoint.
+"""
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import exceptions, permissions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from gpucap.errors import Conflict
+from gpucap.tenancy.roles import is_operator
+
+
+def error_body(code: str, message: str, fields: dict | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail) -> dict[str, list[str]]:
+    """DRF error details (nested dicts/lists) -> {"field.sub": ["reason", ...]}."""
+    out: dict[str, list[str]] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                # DRF keys a list's errors by index: {"gpus": {0: {"uuid": [...]}}}.
+                if isinstance(key, int):
+                    walk(f"{prefix}[{key}]", sub)
+                else:
+                    walk(f"{prefix}.{key}" if prefix else str(key), sub)
+        elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
+            for index, sub in enumerate(value):
+                if sub:
+                    walk(f"{prefix}[{index}]", sub)
+        else:
+            items = value if isinstance(value, list) else [value]
+            out.setdefault(prefix or "non_field_errors", []).extend(str(v) for v in items)
+
+    walk("", detail)
+    return out
+
+
+def _validation_message(fields: dict[str, list[str]]) -> str:
+    parts = [
+        f"{name}: {reason}" if name != "non_field_errors" else reason
+        for name, reasons in fields.items()
+        for reason in reasons
+    ]
+    return "; ".join(parts) or "invalid input"
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DjangoValidationError):
+        fields = (
+            {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
+            if hasattr(exc, "error_dict")
+            else {"non_field_errors": [str(m) for m in exc.messages]}
+        )
+        return Response(
+            error_body("invalid", _validation_message(fields), fields), status.HTTP_400_BAD_REQUEST
+        )
+    if isinstance(exc, Conflict):
+        return Response(error_body(exc.code, exc.message), status.HTTP_409_CONFLICT)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        response.data = error_body("invalid", _validation_message(fields), fields)
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        code = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+        response.data = error_body(
+            code if isinstance(code, str) else "error",
+            str(detail if not isinstance(detail, (dict, list)) else _flatten(detail)),
+        )
+    return response
+
+
+@csrf_exempt
+def endpoint_not_found(request, *args, **kwargs) -> JsonResponse:
+    """Any /api/ path that names no endpoint: a 404 in the one error shape, not an HTML page."""
+    message = f"no API endpoint at {request.path}"
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not endpoint_not_found:
+            message += f"; did you mean {request.path}/ (with the trailing slash)?"
+    return JsonResponse(error_body("not_found", message), status=404)
+
+
+class IsOperator(permissions.BasePermission):
+    message = "Only operators may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return is_operator(request.user)
+
+
+class IsOperatorOrReadOnly(permissions.BasePermission):
+    """Operators write; any authenticated user reads what the view's queryset lets them see."""
+
+    message = "Only operators may change this."
+
+    def has_permission(self, request, view) -> bool:
+        if not request.user.is_authenticated:
+            return False
+        return request.method in permissions.SAFE_METHODS or is_operator(request.user)
+
+
+# --- the error shape in the OpenAPI schema ----------------------------------------------------
+
+
+class ApiErrorBodySerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Machine-readable: invalid, not_found, conflict, ...")
+    message = serializers.CharField(help_text="One human-readable sentence naming the problem.")
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="For invalid input: each offending field with its reasons.",
+    )
+
+
+class ApiErrorSerializer(serializers.Serializer):
+    error = ApiErrorBodySerializer()
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """drf-spectacular's schema, plus the error answers an operation can give, in the one shape
+    every error has."""
+
+    _ERRORS = {
+        400: "Invalid input; `fields` names each offending field and why.",
+        401: "Not authenticated: send `Authorization: Token <key>` or log in.",
+        403: "Authenticated, but not allowed to do this.",
+        404: "No such object, or not one you may see.",
+        409: "Well-formed, but the current state forbids it.",
+    }
+
+    # The hook is drf-spectacular's (pinned in requirements.txt): it sees every operation's
+    # responses after any @extend_schema override, so errors are documented once, here.
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        for code in self._error_codes():
+            error = OpenApiResponse(ApiErrorSerializer, description=self._ERRORS[code])
+            responses.setdefault(str(code), self._get_response_for_code(error, str(code)))
+        return responses
+
+    def _error_codes(self) -> list[int]:
+        writes = self.method in ("POST", "PUT", "PATCH", "DELETE")
+        guarded = bool(self.view.get_permissions())
+        codes = []
+        filtered_list = getattr(self.view, "action", None) == "list" and getattr(
+            self.view, "filterset_class", None
+        )
+        if self.method in ("POST", "PUT", "PATCH") or filtered_list:
+            codes.append(400)
+        if guarded:
+            codes += [401, 403]
+        if "{" in self.path:
+            codes.append(404)
+        if writes and guarded:
+            codes.append(409)
+        return codes

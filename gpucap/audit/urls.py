@@ -1,0 +1,9 @@
+from django.urls import path
+
+from gpucap.audit import views
+
+app_name = "audit"
+
+urlpatterns = [
+    path("", views.audit_log, name="log"),
+]

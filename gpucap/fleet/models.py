@@ -1,0 +1,217 @@
+"""The fleet: clusters of GPU nodes, their cards, capacity sets and ranked pools.
+
+Integrity that the database can hold is declared here (unique and check constraints); rules
+that span rows (a node joins only a set of its own cluster, GPU model and fabric; a floor fits
+the set) live in ``gpucap.fleet.services``.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+from gpucap.tenancy.models import Tenant
+
+MAX_GPUS_PER_NODE = 8
+
+
+class Fabric(models.TextChoices):
+    PCIE = "pcie", "PCIe"
+    NVSWITCH = "nvswitch", "NVSwitch"
+
+
+class Cluster(models.Model):
+    """Nodes under one VM driver (one libvirt/KubeVirt control domain)."""
+
+    class Driver(models.TextChoices):
+        SIMULATED = "simulated", "Simulated"
+        LIBVIRT = "libvirt", "libvirt"
+
+    name = models.SlugField(max_length=64, unique=True)
+    driver = models.CharField(max_length=32, choices=Driver.choices, default=Driver.SIMULATED)
+    driver_settings = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(driver__in=["simulated", "libvirt"]), name="cluster_driver_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CapacitySet(models.Model):
+    """Nodes of one cluster with one GPU model and one fabric: the arbiter's unit."""
+
+    class Mode(models.TextChoices):
+        DRY_RUN = "dry_run", "Dry-run"
+        ENFORCE = "enforce", "Enforce"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="capacity_sets")
+    name = models.SlugField(max_length=64, unique=True)
+    gpu_model = models.CharField(max_length=64)
+    fabric = models.CharField(max_length=16, choices=Fabric.choices)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.DRY_RUN)
+    notice_seconds = models.PositiveIntegerField(default=120)
+    generation = models.BigIntegerField(
+        default=0, help_text="Bumped by every change that could alter a plan for this set."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(fabric__in=["pcie", "nvswitch"]), name="capacityset_fabric_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(mode__in=["dry_run", "enforce"]), name="capacityset_mode_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(notice_seconds__gte=1) & Q(notice_seconds__lte=86400),
+                name="capacityset_notice_seconds_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(generation__gte=0), name="capacityset_generation_nonnegative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """One GPU server."""
+
+    class State(models.TextChoices):
+        READY = "ready", "Ready"
+        CORDONED = "cordoned", "Cordoned"
+        DRAINING = "draining", "Draining"
+        DOWN = "down", "Down"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="nodes")
+    capacity_set = models.ForeignKey(
+        CapacitySet, null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
+    )
+    hostname = models.CharField(max_length=253)
+    gpu_model = models.CharField(max_length=64)
+    fabric = models.CharField(max_length=16, choices=Fabric.choices)
+    gpu_count = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    partitions = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="NVSwitch partition table as Fabric Manager lists it, in GPU indices. "
+        "Empty means the default table for the node's GPU count.",
+    )
+    bmc_address = models.CharField(max_length=253, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster__name", "hostname"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique"),
+            models.CheckConstraint(
+                condition=Q(gpu_count__gte=1) & Q(gpu_count__lte=MAX_GPUS_PER_NODE),
+                name="node_gpu_count_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["ready", "cordoned", "draining", "down"]),
+                name="node_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(fabric__in=["pcie", "nvswitch"]), name="node_fabric_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(partitions__isnull=True) | Q(fabric="nvswitch"),
+                name="node_partitions_only_on_nvswitch",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class Gpu(models.Model):
+    """One card of a node."""
+
+    class Health(models.TextChoices):
+        OK = "ok", "OK"
+        FAILED = "failed", "Failed"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    pci_address = models.CharField(max_length=16)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.OK)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_node_index_unique"),
+            models.UniqueConstraint(fields=["node", "pci_address"], name="gpu_node_pci_unique"),
+            models.CheckConstraint(
+                condition=Q(index__lt=MAX_GPUS_PER_NODE), name="gpu_index_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(health__in=["ok", "failed"]), name="gpu_health_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(pci_address__regex=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"),
+                name="gpu_pci_address_format",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/gpu{self.index}"
+
+
+class Pool(models.Model):
+    """A ranked consumer of capacity, in a capacity set or standalone on its cluster."""
+
+    class Kind(models.TextChoices):
+        ON_DEMAND = "on_demand", "On-demand"
+        SPOT = "spot", "Spot"
+        INFERENCE = "inference", "Inference"
+
+    name = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="pools")
+    capacity_set = models.ForeignKey(
+        CapacitySet, null=True, blank=True, on_delete=models.PROTECT, related_name="pools"
+    )
+    rank = models.PositiveIntegerField(help_text="1 is the highest priority.")
+    floor_gpus = models.PositiveIntegerField(
+        default=0, help_text="GPUs the arbiter never reclaims this pool below."
+    )
+    tenants = models.ManyToManyField(
+        Tenant, blank=True, related_name="pools", help_text="Tenants that may use this pool."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster__name", "capacity_set__name", "rank"]
+        constraints = [
+            # NULL sets are distinct, so this binds only pools inside a set.
+            models.UniqueConstraint(
+                fields=["capacity_set", "rank"], name="pool_rank_unique_in_set"
+            ),
+            models.UniqueConstraint(
+                fields=["cluster", "rank"],
+                condition=Q(capacity_set__isnull=True),
+                name="pool_rank_unique_standalone",
+            ),
+            models.CheckConstraint(condition=Q(rank__gte=1), name="pool_rank_positive"),
+            models.CheckConstraint(condition=Q(floor_gpus__gte=0), name="pool_floor_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(kind__in=["on_demand", "spot", "inference"]), name="pool_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,324 @@
+"""Reads of the fleet for pages (and later the API), each in a fixed number of queries.
+
+A GPU's ``status`` is the one word the grid colours it by. Today it comes from the card's health
+and its node's state; once VMs exist, a GPU held by a VM takes its pool's status, and only this
+module changes.
+"""
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import Count, IntegerField, OuterRef, Prefetch, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.shortcuts import get_object_or_404
+
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.topology import BLOCK_SIZES
+
+STANDALONE = "standalone"
+
+# Every status the grid can show, in legend order, with the words the legend uses.
+GPU_STATUSES = (
+    ("free", "Free"),
+    ("failed", "Failed GPU"),
+    ("cordoned", "Node cordoned"),
+    ("draining", "Node draining"),
+    ("down", "Node down"),
+)
+
+
+def gpu_status(*, node_state: str, health: str) -> str:
+    # A failed card stays visible as failed whatever its node does: it needs a repair either way.
+    if health == Gpu.Health.FAILED:
+        return "failed"
+    if node_state != Node.State.READY:
+        return node_state
+    return "free"
+
+
+@dataclass(frozen=True)
+class GpuSquare:
+    """One GPU as the grid shows it. Plain values, not a model: a 2,000-node grid builds
+    16,000 of these."""
+
+    index: int
+    uuid: str
+    pci_address: str
+    health: str
+    status: str
+
+    @property
+    def failed(self) -> bool:
+        return self.health == Gpu.Health.FAILED
+
+
+@dataclass(frozen=True)
+class NodeTile:
+    node: Node
+    squares: list[GpuSquare]
+
+    @property
+    def failed_gpus(self) -> int:
+        return sum(1 for square in self.squares if square.failed)
+
+
+@dataclass
+class NodeGroup:
+    """Nodes of one capacity set, or one cluster's standalone nodes."""
+
+    cluster: Cluster
+    capacity_set: CapacitySet | None
+    tiles: list[NodeTile] = field(default_factory=list)
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(len(tile.squares) for tile in self.tiles)
+
+
+@dataclass(frozen=True)
+class FleetTotals:
+    nodes: int
+    gpus: int
+    failed_gpus: int
+    nodes_not_ready: int
+    ready_gpus: int
+    by_status: dict[str, int]
+
+    @property
+    def legend(self) -> list[tuple[str, str, int]]:
+        return [(status, label, self.by_status.get(status, 0)) for status, label in GPU_STATUSES]
+
+
+def node_tiles(nodes) -> list[NodeTile]:
+    """Tiles for the given nodes, with their GPUs read in one query."""
+    nodes = list(nodes)
+    squares: dict[int, list[GpuSquare]] = defaultdict(list)
+    state_of = {node.pk: node.state for node in nodes}
+    rows = (
+        Gpu.objects.filter(node_id__in=state_of)
+        .order_by("node_id", "index")
+        .values_list("node_id", "index", "uuid", "pci_address", "health")
+    )
+    for node_id, index, uuid, pci_address, health in rows:
+        squares[node_id].append(
+            GpuSquare(
+                index=index,
+                uuid=uuid,
+                pci_address=pci_address,
+                health=health,
+                status=gpu_status(node_state=state_of[node_id], health=health),
+            )
+        )
+    return [NodeTile(node=node, squares=squares[node.pk]) for node in nodes]
+
+
+def fleet_totals(tiles: list[NodeTile]) -> FleetTotals:
+    by_status = Counter(square.status for tile in tiles for square in tile.squares)
+    return FleetTotals(
+        nodes=len(tiles),
+        gpus=sum(len(tile.squares) for tile in tiles),
+        failed_gpus=sum(tile.failed_gpus for tile in tiles),
+        nodes_not_ready=sum(1 for tile in tiles if tile.node.state != Node.State.READY),
+        ready_gpus=by_status.get("free", 0),
+        by_status=dict(by_status),
+    )
+
+
+def _nodes():
+    return Node.objects.select_related("cluster", "capacity_set").order_by(
+        "cluster__name", "capacity_set__name", "hostname"
+    )
+
+
+def _grid_nodes():
+    """Nodes with only what a tile shows: loading timestamps and JSON for 2,000 rows costs more
+    than the rest of the page."""
+    return _nodes().defer(
+        "created_at",
+        "updated_at",
+        "partitions",
+        "labels",
+        "bmc_address",
+        "cluster__driver_settings",
+        "cluster__created_at",
+        "capacity_set__created_at",
+        "capacity_set__updated_at",
+    )
+
+
+# --- fleet overview ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetFilterOptions:
+    clusters: list[str]
+    capacity_sets: list[str]
+    gpu_models: list[str]
+    states: list[tuple[str, str]]
+
+
+def fleet_filter_options() -> FleetFilterOptions:
+    return FleetFilterOptions(
+        clusters=list(Cluster.objects.order_by("name").values_list("name", flat=True)),
+        capacity_sets=list(CapacitySet.objects.order_by("name").values_list("name", flat=True)),
+        gpu_models=list(
+            Node.objects.order_by("gpu_model").values_list("gpu_model", flat=True).distinct()
+        ),
+        states=list(Node.State.choices),
+    )
+
+
+@dataclass(frozen=True)
+class FleetOverview:
+    groups: list[NodeGroup]
+    totals: FleetTotals
+
+
+def fleet_overview(
+    *, cluster: str = "", capacity_set: str = "", state: str = "", gpu_model: str = ""
+) -> FleetOverview:
+    """Every node matching the filters, grouped by cluster, then capacity set (standalone nodes
+    last). ``capacity_set`` is a set's name or ``"standalone"``. Two queries: nodes, GPUs."""
+    nodes = _grid_nodes()
+    if cluster:
+        nodes = nodes.filter(cluster__name=cluster)
+    if capacity_set == STANDALONE:
+        nodes = nodes.filter(capacity_set__isnull=True)
+    elif capacity_set:
+        nodes = nodes.filter(capacity_set__name=capacity_set)
+    if state:
+        nodes = nodes.filter(state=state)
+    if gpu_model:
+        nodes = nodes.filter(gpu_model=gpu_model)
+    tiles = node_tiles(nodes)
+
+    groups: dict[tuple[int, int | None], NodeGroup] = {}
+    for tile in tiles:
+        node = tile.node
+        key = (node.cluster_id, node.capacity_set_id)
+        if key not in groups:
+            groups[key] = NodeGroup(cluster=node.cluster, capacity_set=node.capacity_set)
+        groups[key].tiles.append(tile)
+    ordered = sorted(
+        groups.values(),
+        key=lambda g: (
+            g.cluster.name,
+            g.capacity_set is None,
+            g.capacity_set and g.capacity_set.name,
+        ),
+    )
+    return FleetOverview(groups=ordered, totals=fleet_totals(tiles))
+
+
+# --- capacity sets ----------------------------------------------------------------------------
+
+
+def _count(queryset) -> Subquery:
+    """A correlated COUNT(*) of ``queryset`` as an annotation (no join fan-out)."""
+    return Coalesce(
+        Subquery(
+            queryset.order_by().values(dummy=OuterRef("pk")).annotate(n=Count("*")).values("n"),
+            output_field=IntegerField(),
+        ),
+        0,
+    )
+
+
+def capacity_sets_with_totals():
+    """Capacity sets with node and GPU totals and their pools in rank order. Two queries."""
+    set_nodes = Node.objects.filter(capacity_set=OuterRef("pk"))
+    set_gpus = Gpu.objects.filter(node__capacity_set=OuterRef("pk"))
+    return (
+        CapacitySet.objects.select_related("cluster")
+        .annotate(
+            node_count=_count(set_nodes),
+            gpu_total=Coalesce(
+                Subquery(
+                    set_nodes.order_by()
+                    .values("capacity_set")
+                    .annotate(total=Sum("gpu_count"))
+                    .values("total"),
+                    output_field=IntegerField(),
+                ),
+                0,
+            ),
+            nodes_not_ready=_count(set_nodes.exclude(state=Node.State.READY)),
+            ready_gpus=_count(set_gpus.filter(node__state=Node.State.READY, health=Gpu.Health.OK)),
+            failed_gpus=_count(set_gpus.filter(health=Gpu.Health.FAILED)),
+        )
+        .prefetch_related(Prefetch("pools", queryset=Pool.objects.order_by("rank")))
+        .order_by("cluster__name", "name")
+    )
+
+
+def standalone_pools():
+    """Pools outside any capacity set, with the tenants that may use them. Two queries."""
+    return (
+        Pool.objects.filter(capacity_set__isnull=True)
+        .select_related("cluster")
+        .prefetch_related("tenants")
+        .order_by("cluster__name", "rank")
+    )
+
+
+@dataclass(frozen=True)
+class CapacitySetOverview:
+    capacity_set: CapacitySet
+    pools: list[Pool]
+    tiles: list[NodeTile]
+    totals: FleetTotals
+
+
+def capacity_set_overview(*, name: str) -> CapacitySetOverview:
+    """One set: its pools in rank order (with tenants), its nodes with their GPUs, and totals.
+    Five queries, whatever the set's size."""
+    capacity_set = get_object_or_404(CapacitySet.objects.select_related("cluster"), name=name)
+    pools = list(capacity_set.pools.order_by("rank").prefetch_related("tenants"))
+    tiles = node_tiles(_grid_nodes().filter(capacity_set=capacity_set))
+    return CapacitySetOverview(
+        capacity_set=capacity_set, pools=pools, tiles=tiles, totals=fleet_totals(tiles)
+    )
+
+
+# --- node -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    size: int
+    blocks: list[list[int]]
+
+
+@dataclass(frozen=True)
+class PartitionTable:
+    is_default: bool
+    rows: list[PartitionRow]
+
+
+def default_partitions(gpu_count: int) -> list[list[int]]:
+    """The default NVSwitch table: every aligned block of 8, 4, 2 and 1 GPUs (DESIGN section 2)."""
+    return [
+        list(range(start, start + size))
+        for size in sorted(BLOCK_SIZES, reverse=True)
+        if size <= gpu_count
+        for start in range(0, gpu_count - size + 1, size)
+    ]
+
+
+def partition_table(node: Node) -> PartitionTable | None:
+    """The node's NVLink partitions grouped by size, largest first; None for PCIe nodes."""
+    if node.fabric != "nvswitch":
+        return None
+    is_default = node.partitions is None
+    blocks = default_partitions(node.gpu_count) if is_default else node.partitions
+    rows = [
+        PartitionRow(size=size, blocks=[b for b in blocks if len(b) == size])
+        for size in sorted(BLOCK_SIZES, reverse=True)
+    ]
+    return PartitionTable(is_default=is_default, rows=[row for row in rows if row.blocks])
+
+
+def node_with_gpus(*, cluster: str, hostname: str) -> NodeTile:
+    """One node with its cluster, set and GPUs. Two queries; 404 when it does not exist."""
+    node = get_object_or_404(_nodes(), cluster__name=cluster, hostname=hostname)
+    return node_tiles([node])[0]

@@ -1,0 +1,125 @@
+"""Operator pages for the fleet: overview grid, capacity sets, node detail with cordon/uncordon.
+
+Views adapt the request and call selectors (reads) or services (changes); nothing here
+decides a rule of the fleet.
+"""
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_POST
+
+from gpucap.audit.selectors import events_for
+from gpucap.errors import Conflict
+from gpucap.fleet import selectors, services
+from gpucap.fleet.models import Node
+from gpucap.tenancy.decorators import operator_required, render_page
+
+
+class FleetFilterForm(forms.Form):
+    """The overview's filters. Choices come from the fleet, so a stale link that names a
+    cluster or set that no longer exists says so instead of silently showing everything."""
+
+    cluster = forms.ChoiceField(required=False)
+    capacity_set = forms.ChoiceField(required=False, label="Capacity set")
+    state = forms.ChoiceField(required=False, label="Node state")
+    gpu_model = forms.ChoiceField(required=False, label="GPU model")
+
+    def __init__(self, data, *, options: selectors.FleetFilterOptions) -> None:
+        super().__init__(data)
+        self.fields["cluster"].choices = [("", "All clusters"), *[(c, c) for c in options.clusters]]
+        self.fields["capacity_set"].choices = [
+            ("", "All sets"),
+            (selectors.STANDALONE, "Standalone nodes"),
+            *[(s, s) for s in options.capacity_sets],
+        ]
+        self.fields["state"].choices = [("", "Any state"), *options.states]
+        self.fields["gpu_model"].choices = [
+            ("", "All models"),
+            *[(m, m) for m in options.gpu_models],
+        ]
+
+    def filters(self) -> dict[str, str]:
+        """The valid filters; an invalid one is dropped (and reported through ``errors``)."""
+        self.is_valid()
+        return {name: value for name, value in self.cleaned_data.items() if value}
+
+
+@require_GET
+@operator_required
+def fleet_overview(request: HttpRequest) -> HttpResponse:
+    form = FleetFilterForm(request.GET, options=selectors.fleet_filter_options())
+    filters = form.filters()
+    overview = selectors.fleet_overview(**filters)
+    context = {"nav": "fleet", "form": form, "filtered": bool(filters), "overview": overview}
+    return render_page(request, "fleet/overview.html", context, fragment="fleet-grid")
+
+
+@require_GET
+@operator_required
+def capacity_set_list(request: HttpRequest) -> HttpResponse:
+    context = {
+        "nav": "capacity_sets",
+        "capacity_sets": selectors.capacity_sets_with_totals(),
+        "standalone_pools": selectors.standalone_pools(),
+    }
+    return render_page(request, "fleet/capacity_set_list.html", context, fragment="set-table")
+
+
+@require_GET
+@operator_required
+def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
+    context = {"nav": "capacity_sets", "overview": selectors.capacity_set_overview(name=name)}
+    return render_page(request, "fleet/capacity_set_detail.html", context, fragment="set-live")
+
+
+@require_GET
+@operator_required
+def node_detail(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
+    return render_page(request, "fleet/node_detail.html", _node_context(tile), fragment="node-live")
+
+
+@require_POST
+@operator_required
+def node_cordon(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    return _node_change_state(request, cluster, hostname, services.node_cordon)
+
+
+@require_POST
+@operator_required
+def node_uncordon(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    return _node_change_state(request, cluster, hostname, services.node_uncordon)
+
+
+def _node_change_state(request: HttpRequest, cluster: str, hostname: str, change) -> HttpResponse:
+    """Call the service; answer with the refreshed node (or the reason it did not change)."""
+    tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
+    error, status = "", 200
+    try:
+        change(node=tile.node, actor=request.user)
+    except Conflict as exc:
+        error, status = exc.message, 409
+    except ValidationError as exc:
+        error, status = "; ".join(exc.messages), 400
+    if status == 200 and not request.htmx:
+        return redirect("fleet:node-detail", cluster=cluster, hostname=hostname)
+    tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
+    context = {**_node_context(tile), "error": error}
+    return render_page(
+        request, "fleet/node_detail.html", context, fragment="node-live", status=status
+    )
+
+
+def _node_context(tile: selectors.NodeTile) -> dict:
+    node = tile.node
+    return {
+        "nav": "fleet",
+        "tile": tile,
+        "node": node,
+        "partition_table": selectors.partition_table(node),
+        "events": events_for(node),
+        "can_cordon": node.state in (Node.State.READY, Node.State.DRAINING),
+        "can_uncordon": node.state in (Node.State.CORDONED, Node.State.DRAINING),
+    }

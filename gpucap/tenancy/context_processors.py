@@ -1,0 +1,7 @@
+from django.http import HttpRequest
+
+from gpucap.tenancy.roles import is_operator
+
+
+def roles(request: HttpRequest) -> dict:
+    return {"is_operator": is_operator(request.user)}

@@ -1,0 +1,64 @@
+"""Real-browser fixtures: Playwright driving Debian's chromium against Django's live server.
+
+Playwright never downloads a browser here; `make test` installs Debian's chromium. A missing
+browser fails the tests (it is never a skip). Screenshots go to ``artifacts/screens/``.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.conftest import PASSWORD
+
+SCREENS = Path(__file__).resolve().parents[2] / "artifacts" / "screens"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+# Playwright's sync API runs an event loop in this thread; the tests' own ORM calls are plain
+# synchronous code, so Django's async-safety guard would misfire.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Browser:
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is not installed: run `make browser`"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server) -> Page:
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    yield page
+    context.close()
+
+
+def log_in(page: Page, username: str, password: str = PASSWORD) -> None:
+    page.goto("/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_load_state("networkidle")
+
+
+def screenshot(page: Page, name: str) -> Path:
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    path = SCREENS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

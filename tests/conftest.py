@@ -1,0 +1,171 @@
+"""Fixtures shared by the whole suite: three kinds of user and a small fleet.
+
+- ``operator``: staff in the operators group, sees and changes the whole fleet;
+- ``member``: a member of tenant ``acme``;
+- ``other_member``: a member of tenant ``globex``, who must never see acme's things.
+"""
+
+import os
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.test import APIClient
+
+from gpucap.fleet import services as fleet
+from gpucap.fleet.models import Cluster
+from gpucap.tenancy.models import Membership, Tenant
+from gpucap.tenancy.roles import OPERATORS_GROUP
+
+PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture
+def operator(db) -> User:
+    user = User.objects.create_user("olivia", "olivia@ops.example", PASSWORD, is_staff=True)
+    group, _ = Group.objects.get_or_create(name=OPERATORS_GROUP)
+    user.groups.add(group)
+    return user
+
+
+@pytest.fixture
+def tenant(db) -> Tenant:
+    return Tenant.objects.create(name="Acme AI", slug="acme")
+
+
+@pytest.fixture
+def other_tenant(db) -> Tenant:
+    return Tenant.objects.create(name="Globex Research", slug="globex")
+
+
+@pytest.fixture
+def member(tenant) -> User:
+    user = User.objects.create_user("mallory", "mallory@acme.example", PASSWORD)
+    Membership.objects.create(user=user, tenant=tenant, role=Membership.Role.ADMIN)
+    return user
+
+
+@pytest.fixture
+def other_member(other_tenant) -> User:
+    user = User.objects.create_user("oscar", "oscar@globex.example", PASSWORD)
+    Membership.objects.create(user=user, tenant=other_tenant, role=Membership.Role.MEMBER)
+    return user
+
+
+def _api_client(user: User | None) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def operator_api(operator) -> APIClient:
+    return _api_client(operator)
+
+
+@pytest.fixture
+def member_api(member) -> APIClient:
+    return _api_client(member)
+
+
+@pytest.fixture
+def other_member_api(other_member) -> APIClient:
+    return _api_client(other_member)
+
+
+@pytest.fixture
+def anonymous_api() -> APIClient:
+    return _api_client(None)
+
+
+@pytest.fixture
+def fleet_east(db, tenant, other_tenant):
+    """Cluster ``east``: an NVSwitch H100 set of two 8-GPU nodes (one with a non-adjacent
+    partition table), a PCIe L40S set of two 4-GPU nodes, one standalone node, and pools of all
+    three kinds. Tenant acme may use ``h100-spot``; globex may use ``l40s-ondemand``."""
+    cluster = fleet.cluster_create(name="east", driver=Cluster.Driver.SIMULATED)
+    h100 = fleet.capacity_set_create(
+        cluster=cluster, name="h100-east", gpu_model="H100-SXM5-80GB", fabric="nvswitch"
+    )
+    l40s = fleet.capacity_set_create(
+        cluster=cluster, name="l40s-east", gpu_model="L40S", fabric="pcie"
+    )
+    hgx_pairs = [
+        [0, 1, 2, 3, 4, 5, 6, 7],
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [0, 2],
+        [1, 3],
+        [4, 6],
+        [5, 7],
+        [0],
+        [1],
+        [2],
+        [3],
+        [4],
+        [5],
+        [6],
+        [7],
+    ]
+    nodes = {}
+    for hostname, partitions in (("h100-001", None), ("h100-002", hgx_pairs)):
+        nodes[hostname] = fleet.node_create(
+            cluster=cluster,
+            hostname=hostname,
+            gpu_model="H100-SXM5-80GB",
+            fabric="nvswitch",
+            gpu_count=8,
+            partitions=partitions,
+        )
+        nodes[hostname] = fleet.node_join_set(node=nodes[hostname], capacity_set=h100)
+    for hostname in ("l40s-001", "l40s-002"):
+        nodes[hostname] = fleet.node_create(
+            cluster=cluster, hostname=hostname, gpu_model="L40S", fabric="pcie", gpu_count=4
+        )
+        nodes[hostname] = fleet.node_join_set(node=nodes[hostname], capacity_set=l40s)
+    nodes["a100-001"] = fleet.node_create(
+        cluster=cluster,
+        hostname="a100-001",
+        gpu_model="A100-SXM4-80GB",
+        fabric="nvswitch",
+        gpu_count=8,
+    )
+    pools = {
+        "h100-inference": fleet.pool_create(
+            name="h100-inference",
+            kind="inference",
+            cluster=cluster,
+            capacity_set=h100,
+            rank=1,
+            floor_gpus=4,
+        ),
+        "h100-ondemand": fleet.pool_create(
+            name="h100-ondemand", kind="on_demand", cluster=cluster, capacity_set=h100, rank=2
+        ),
+        "h100-spot": fleet.pool_create(
+            name="h100-spot", kind="spot", cluster=cluster, capacity_set=h100, rank=3
+        ),
+        "l40s-ondemand": fleet.pool_create(
+            name="l40s-ondemand", kind="on_demand", cluster=cluster, capacity_set=l40s, rank=1
+        ),
+        "a100-standalone": fleet.pool_create(
+            name="a100-standalone", kind="on_demand", cluster=cluster, rank=1
+        ),
+    }
+    fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[tenant])
+    fleet.pool_set_tenants(pool=pools["l40s-ondemand"], tenants=[other_tenant])
+    return {
+        "cluster": cluster,
+        "sets": {"h100-east": h100, "l40s-east": l40s},
+        "nodes": nodes,
+        "pools": pools,
+    }
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """One test database per pytest process, so parallel runs on one machine never collide."""
+    from django.conf import settings
+
+    test = settings.DATABASES["default"].setdefault("TEST", {})
+    test["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_{os.getpid()}"
