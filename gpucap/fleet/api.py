@@ -1,0 +1,664 @@
+"""REST API for the fleet: clusters, nodes, GPUs, capacity sets and pools.
+
+Reads are ModelViewSets over querysets written to a fixed number of queries, filtered with
+django-filter. Every write (create, update, delete, and the commands: cordon, join a set,
+re-rank, ...) goes through ``gpucap.fleet.services``; the input serializers here check only the
+shape of a request, the services decide what is allowed. Fleet internals are operator-only;
+tenant members may read the pools their tenants may use, and nothing else of the fleet.
+"""
+
+from collections.abc import Mapping
+
+from django.db import transaction
+from django.db.models import Count, Prefetch, Sum
+from django.db.models.functions import Coalesce
+from drf_spectacular.utils import (
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from gpucap.api import AutoSchema, IsOperator, IsOperatorOrReadOnly
+from gpucap.fleet import services as fleet
+from gpucap.fleet.filters import (
+    CapacitySetFilter,
+    ClusterFilter,
+    GpuFilter,
+    NodeFilter,
+    PoolFilter,
+)
+from gpucap.fleet.models import CapacitySet, Cluster, Fabric, Gpu, Node, Pool
+from gpucap.tenancy.models import Tenant
+from gpucap.tenancy.roles import is_operator, tenant_ids_for
+
+PCI_ADDRESS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+
+# --- read serializers -------------------------------------------------------------------------
+
+
+class NodeGpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["id", "index", "uuid", "pci_address", "health"]
+        read_only_fields = fields
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node_hostname = serializers.CharField(source="node.hostname", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = ["id", "node", "node_hostname", "index", "uuid", "pci_address", "health"]
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    capacity_set_name = serializers.CharField(
+        source="capacity_set.name", read_only=True, allow_null=True
+    )
+    partitions = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        read_only=True,
+        allow_null=True,
+        help_text="NVSwitch partition table in GPU indices; null means the default table.",
+    )
+    labels = serializers.DictField(child=serializers.CharField(), read_only=True)
+    gpus = NodeGpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "capacity_set",
+            "capacity_set_name",
+            "hostname",
+            "gpu_model",
+            "fabric",
+            "gpu_count",
+            "state",
+            "partitions",
+            "bmc_address",
+            "labels",
+            "gpus",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    driver_settings = serializers.DictField(read_only=True)
+    node_count = serializers.IntegerField(read_only=True)
+    gpu_total = serializers.IntegerField(read_only=True)
+    capacity_sets = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name")
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id",
+            "name",
+            "driver",
+            "driver_settings",
+            "node_count",
+            "gpu_total",
+            "capacity_sets",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class PoolSummarySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Pool
+        fields = ["id", "name", "kind", "rank", "floor_gpus"]
+        read_only_fields = fields
+
+
+class CapacitySetSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    node_count = serializers.IntegerField(read_only=True)
+    gpu_total = serializers.IntegerField(read_only=True)
+    pools = PoolSummarySerializer(
+        many=True, read_only=True, help_text="The set's pools, highest priority (rank 1) first."
+    )
+
+    class Meta:
+        model = CapacitySet
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "name",
+            "gpu_model",
+            "fabric",
+            "mode",
+            "notice_seconds",
+            "generation",
+            "node_count",
+            "gpu_total",
+            "pools",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    """A pool as operators see it."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    capacity_set_name = serializers.CharField(
+        source="capacity_set.name", read_only=True, allow_null=True
+    )
+    gpu_model = serializers.CharField(
+        source="capacity_set.gpu_model",
+        read_only=True,
+        allow_null=True,
+        help_text="The capacity set's GPU model; null for a standalone pool.",
+    )
+    fabric = serializers.ChoiceField(
+        source="capacity_set.fabric",
+        choices=Fabric.choices,
+        read_only=True,
+        allow_null=True,
+        help_text="The capacity set's fabric; null for a standalone pool.",
+    )
+    tenants = serializers.SlugRelatedField(
+        many=True, read_only=True, slug_field="slug", help_text="Tenants that may use the pool."
+    )
+
+    class Meta:
+        model = Pool
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "cluster",
+            "cluster_name",
+            "capacity_set",
+            "capacity_set_name",
+            "gpu_model",
+            "fabric",
+            "rank",
+            "floor_gpus",
+            "tenants",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class TenantPoolSerializer(PoolSerializer):
+    """A pool as a tenant member sees it: what it offers, not where it sits in the fleet.
+    ``tenants`` lists only the member's own tenants."""
+
+    class Meta(PoolSerializer.Meta):
+        fields = ["id", "name", "kind", "gpu_model", "fabric", "tenants"]
+        read_only_fields = fields
+
+
+def _pool_as_seen(*, many: bool) -> PolymorphicProxySerializer:
+    """For the schema: operators get a PoolSerializer, tenant members a TenantPoolSerializer."""
+    return PolymorphicProxySerializer(
+        component_name="PoolAsSeen",
+        serializers=[PoolSerializer, TenantPoolSerializer],
+        resource_type_field_name=None,
+        many=many,
+    )
+
+
+# --- input serializers: shapes only, the services decide --------------------------------------
+
+
+class InputSerializer(serializers.Serializer):
+    """Checks a request's shape. Fields a request may not set are refused by name rather than
+    silently ignored, so a client never believes it changed something it did not."""
+
+    hints: dict[str, str] = {}
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            unknown = [key for key in data if key not in self.fields]
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: [self.hints.get(key, "cannot be set by this request")] for key in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+def _choice(choices, **kwargs) -> serializers.ChoiceField:
+    names = ", ".join(value for value, _label in choices)
+    return serializers.ChoiceField(
+        choices=choices,
+        error_messages={"invalid_choice": f"{{input!r}} is not one of: {names}"},
+        **kwargs,
+    )
+
+
+class ClusterWriteSerializer(InputSerializer):
+    name = serializers.SlugField(max_length=64)
+    driver = _choice(Cluster.Driver.choices, required=False)
+    driver_settings = serializers.DictField(
+        required=False, help_text="Driver-specific, e.g. a libvirt URI template."
+    )
+
+
+class GpuInputSerializer(InputSerializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField(max_length=64, required=False)
+    pci_address = serializers.RegexField(
+        PCI_ADDRESS,
+        required=False,
+        error_messages={"invalid": "must be a PCI address like 0000:18:00.0 (lower-case hex)"},
+    )
+    health = _choice(Gpu.Health.choices, required=False)
+
+
+_PARTITIONS_HELP = (
+    "NVSwitch partition table as Fabric Manager lists it, in GPU indices, e.g. "
+    "[[0,1,2,3,4,5,6,7],[0,1,2,3],[4,5,6,7],[0,2],[1,3],[4,6],[5,7],[0],...]. "
+    "Null or absent: the default table for the node's GPU count."
+)
+
+
+class NodeCreateSerializer(InputSerializer):
+    hints = {"state": "a new node starts ready; change it with the cordon/uncordon commands"}
+
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    hostname = serializers.CharField(max_length=253)
+    gpu_model = serializers.CharField(max_length=64)
+    fabric = _choice(Fabric.choices)
+    gpu_count = serializers.IntegerField(help_text="1 to 8.")
+    partitions = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        required=False,
+        allow_null=True,
+        help_text=_PARTITIONS_HELP,
+    )
+    bmc_address = serializers.CharField(max_length=253, required=False, allow_blank=True)
+    labels = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    gpus = GpuInputSerializer(
+        many=True,
+        required=False,
+        help_text="GPUs to register by index; any not listed get a generated UUID and PCI address.",
+    )
+
+
+class NodeUpdateSerializer(InputSerializer):
+    hints = {
+        "state": "change a node's state with the cordon/uncordon commands",
+        "capacity_set": "move a node with the join-set/leave-set commands",
+    }
+
+    partitions = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        required=False,
+        allow_null=True,
+        help_text=_PARTITIONS_HELP,
+    )
+    bmc_address = serializers.CharField(max_length=253, required=False, allow_blank=True)
+    labels = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+
+
+class CapacitySetCreateSerializer(InputSerializer):
+    hints = {"mode": "a new capacity set always starts in dry_run"}
+
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    name = serializers.SlugField(max_length=64)
+    gpu_model = serializers.CharField(max_length=64)
+    fabric = _choice(Fabric.choices)
+    notice_seconds = serializers.IntegerField(
+        required=False, help_text="Interruption notice, 1 to 86400 seconds (default 120)."
+    )
+
+
+class CapacitySetUpdateSerializer(InputSerializer):
+    hints = {"mode": "switching a set between dry_run and enforce is not done here"}
+
+    notice_seconds = serializers.IntegerField(help_text="Interruption notice, 1 to 86400 seconds.")
+
+
+class PoolCreateSerializer(InputSerializer):
+    name = serializers.SlugField(max_length=64)
+    kind = _choice(Pool.Kind.choices)
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    capacity_set = serializers.PrimaryKeyRelatedField(
+        queryset=CapacitySet.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="Null or absent: a standalone pool on the cluster.",
+    )
+    rank = serializers.IntegerField(help_text="1 is the highest priority; unique within a set.")
+    floor_gpus = serializers.IntegerField(
+        required=False, help_text="GPUs the arbiter never reclaims this pool below (default 0)."
+    )
+
+
+class PoolUpdateSerializer(InputSerializer):
+    hints = {"rank": "re-rank a set's pools with the capacity set's rerank command"}
+
+    floor_gpus = serializers.IntegerField(required=False)
+    tenants = serializers.SlugRelatedField(
+        many=True,
+        required=False,
+        slug_field="slug",
+        queryset=Tenant.objects.all(),
+        help_text="Slugs of the tenants that may use the pool (replaces the list).",
+    )
+
+
+class NodeJoinSetSerializer(InputSerializer):
+    capacity_set = serializers.PrimaryKeyRelatedField(queryset=CapacitySet.objects.all())
+
+
+class CapacitySetRerankSerializer(InputSerializer):
+    pools = serializers.ListField(
+        child=serializers.CharField(),
+        allow_empty=True,
+        help_text="Names of every pool of the set, highest priority first.",
+    )
+
+
+class PoolFloorSerializer(InputSerializer):
+    floor_gpus = serializers.IntegerField()
+
+
+class GpuHealthSerializer(InputSerializer):
+    health = _choice(Gpu.Health.choices)
+
+
+# --- viewsets ---------------------------------------------------------------------------------
+
+
+class ServiceWrites:
+    """What every fleet viewset shares: input checked by an input serializer, state changed
+    by a service, and the answer rendered by the read serializer from ``get_queryset()`` so it
+    carries the same annotations as a list row."""
+
+    schema = AutoSchema()
+
+    def validated(self, serializer_class, data, **kwargs) -> dict:
+        serializer = serializer_class(data=data, context=self.get_serializer_context(), **kwargs)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    def read(self, instance) -> dict:
+        return self.get_serializer(self.get_queryset().get(pk=instance.pk)).data
+
+
+class FleetViewSet(ServiceWrites, viewsets.ModelViewSet):
+    """CRUD over services. Subclasses set the input serializers and implement
+    ``service_create``, ``service_update`` and ``service_delete``. PATCH only: every update
+    is partial."""
+
+    permission_classes = [IsOperator]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    create_serializer_class: type[InputSerializer]
+    update_serializer_class: type[InputSerializer]
+
+    def create(self, request, *args, **kwargs):
+        data = self.validated(self.create_serializer_class, request.data)
+        instance = self.service_create(data)
+        return Response(self.read(instance), status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        instance = self.get_object()
+        data = self.validated(self.update_serializer_class, request.data, partial=True)
+        self.service_update(instance, data)
+        return Response(self.read(instance))
+
+    def perform_destroy(self, instance) -> None:
+        self.service_delete(instance)
+
+    def service_create(self, data: dict):
+        raise NotImplementedError
+
+    def service_update(self, instance, data: dict) -> None:
+        raise NotImplementedError
+
+    def service_delete(self, instance) -> None:
+        raise NotImplementedError
+
+
+def writes_schema(*, read, create, update, delete: str):
+    """The OpenAPI description of a FleetViewSet's writes: input and output differ."""
+    return extend_schema_view(
+        create=extend_schema(request=create, responses={201: read}),
+        partial_update=extend_schema(request=update, responses=read),
+        destroy=extend_schema(description=delete),
+    )
+
+
+@writes_schema(
+    read=ClusterSerializer,
+    create=ClusterWriteSerializer,
+    update=ClusterWriteSerializer,
+    delete="Refused (409) while capacity sets, nodes or pools still belong to the cluster.",
+)
+class ClusterViewSet(FleetViewSet):
+    """Clusters: groups of nodes under one VM driver. Operators only."""
+
+    serializer_class = ClusterSerializer
+    filterset_class = ClusterFilter
+    create_serializer_class = ClusterWriteSerializer
+    update_serializer_class = ClusterWriteSerializer
+
+    def get_queryset(self):
+        return Cluster.objects.annotate(
+            node_count=Count("nodes"), gpu_total=Coalesce(Sum("nodes__gpu_count"), 0)
+        ).prefetch_related(Prefetch("capacity_sets", CapacitySet.objects.only("cluster", "name")))
+
+    def service_create(self, data):
+        return fleet.cluster_create(actor=self.request.user, **data)
+
+    def service_update(self, cluster, data):
+        with transaction.atomic():
+            if "name" in data:
+                cluster = fleet.cluster_rename(
+                    cluster=cluster, name=data["name"], actor=self.request.user
+                )
+            if "driver" in data or "driver_settings" in data:
+                fleet.cluster_update(
+                    cluster=cluster,
+                    driver=data.get("driver", cluster.driver),
+                    driver_settings=data.get("driver_settings", cluster.driver_settings),
+                    actor=self.request.user,
+                )
+
+    def service_delete(self, cluster):
+        fleet.cluster_delete(cluster=cluster, actor=self.request.user)
+
+
+@writes_schema(
+    read=NodeSerializer,
+    create=NodeCreateSerializer,
+    update=NodeUpdateSerializer,
+    delete="Deletes the node and its GPUs. Refused (409) while the node is in a capacity set.",
+)
+class NodeViewSet(FleetViewSet):
+    """GPU servers with their cards. Operators only. A node's state and capacity set change
+    only through the commands (cordon, uncordon, join-set, leave-set)."""
+
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilter
+    create_serializer_class = NodeCreateSerializer
+    update_serializer_class = NodeUpdateSerializer
+
+    def get_queryset(self):
+        return Node.objects.select_related("cluster", "capacity_set").prefetch_related("gpus")
+
+    def service_create(self, data):
+        return fleet.node_create(actor=self.request.user, **data)
+
+    def service_update(self, node, data):
+        fleet.node_update(node=node, actor=self.request.user, **data)
+
+    def service_delete(self, node):
+        fleet.node_delete(node=node, actor=self.request.user)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        """Cordon a node: it keeps its VMs but takes no new placements."""
+        node = self.get_object()
+        fleet.node_cordon(node=node, actor=request.user)
+        return Response(self.read(node))
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        """Make a cordoned node ready for placements again."""
+        node = self.get_object()
+        fleet.node_uncordon(node=node, actor=request.user)
+        return Response(self.read(node))
+
+    @extend_schema(request=NodeJoinSetSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="join-set")
+    def join_set(self, request, pk=None):
+        """Put the node into a capacity set of its own cluster, GPU model and fabric."""
+        node = self.get_object()
+        data = self.validated(NodeJoinSetSerializer, request.data)
+        fleet.node_join_set(node=node, capacity_set=data["capacity_set"], actor=request.user)
+        return Response(self.read(node))
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="leave-set")
+    def leave_set(self, request, pk=None):
+        """Take the node out of its capacity set; refused (409) if the set's pools' floors
+        would no longer fit."""
+        node = self.get_object()
+        fleet.node_leave_set(node=node, actor=request.user)
+        return Response(self.read(node))
+
+
+class GpuViewSet(ServiceWrites, viewsets.ReadOnlyModelViewSet):
+    """GPUs: registered with their node, deleted with it. Operators only."""
+
+    permission_classes = [IsOperator]
+    serializer_class = GpuSerializer
+    filterset_class = GpuFilter
+
+    def get_queryset(self):
+        return Gpu.objects.select_related("node")
+
+    @extend_schema(request=GpuHealthSerializer, responses=GpuSerializer)
+    @action(detail=True, methods=["post"])
+    def health(self, request, pk=None):
+        """Mark a GPU ok or failed; a failed GPU takes no placement."""
+        gpu = self.get_object()
+        data = self.validated(GpuHealthSerializer, request.data)
+        fleet.gpu_set_health(gpu=gpu, health=data["health"], actor=request.user)
+        return Response(self.read(gpu))
+
+
+@writes_schema(
+    read=CapacitySetSerializer,
+    create=CapacitySetCreateSerializer,
+    update=CapacitySetUpdateSerializer,
+    delete="Refused (409) while nodes or pools still belong to the set.",
+)
+class CapacitySetViewSet(FleetViewSet):
+    """Capacity sets: nodes of one cluster, GPU model and fabric, and the pools ranked in
+    them. Operators only. A new set starts in dry_run."""
+
+    serializer_class = CapacitySetSerializer
+    filterset_class = CapacitySetFilter
+    create_serializer_class = CapacitySetCreateSerializer
+    update_serializer_class = CapacitySetUpdateSerializer
+
+    def get_queryset(self):
+        return (
+            CapacitySet.objects.select_related("cluster")
+            .annotate(node_count=Count("nodes"), gpu_total=Coalesce(Sum("nodes__gpu_count"), 0))
+            .prefetch_related(Prefetch("pools", Pool.objects.order_by("rank")))
+        )
+
+    def service_create(self, data):
+        return fleet.capacity_set_create(actor=self.request.user, **data)
+
+    def service_update(self, capacity_set, data):
+        if "notice_seconds" in data:
+            fleet.capacity_set_update(
+                capacity_set=capacity_set,
+                notice_seconds=data["notice_seconds"],
+                actor=self.request.user,
+            )
+
+    def service_delete(self, capacity_set):
+        fleet.capacity_set_delete(capacity_set=capacity_set, actor=self.request.user)
+
+    @extend_schema(request=CapacitySetRerankSerializer, responses=CapacitySetSerializer)
+    @action(detail=True, methods=["post"])
+    def rerank(self, request, pk=None):
+        """Give the set's pools ranks 1..n in the order named, atomically. Every pool of the
+        set must be named exactly once."""
+        capacity_set = self.get_object()
+        data = self.validated(CapacitySetRerankSerializer, request.data)
+        fleet.pool_rerank(capacity_set=capacity_set, pool_names=data["pools"], actor=request.user)
+        return Response(self.read(capacity_set))
+
+
+@writes_schema(
+    read=PoolSerializer,
+    create=PoolCreateSerializer,
+    update=PoolUpdateSerializer,
+    delete="Deletes the pool; nothing else is touched.",
+)
+@extend_schema_view(
+    list=extend_schema(responses=_pool_as_seen(many=True)),
+    retrieve=extend_schema(responses=_pool_as_seen(many=False)),
+)
+class PoolViewSet(FleetViewSet):
+    """Ranked consumers of capacity. Operators see and change every pool; a tenant member sees
+    only the pools their tenants may use, with the GPU model and fabric they offer."""
+
+    permission_classes = [IsOperatorOrReadOnly]
+    filterset_class = PoolFilter
+    create_serializer_class = PoolCreateSerializer
+    update_serializer_class = PoolUpdateSerializer
+
+    def get_queryset(self):
+        pools = Pool.objects.select_related("cluster", "capacity_set")
+        if self._sees_everything():
+            return pools.prefetch_related("tenants")
+        tenant_ids = tenant_ids_for(self.request.user)
+        usable = Pool.tenants.through.objects.filter(tenant_id__in=tenant_ids)
+        return pools.filter(pk__in=usable.values("pool_id")).prefetch_related(
+            Prefetch("tenants", Tenant.objects.filter(pk__in=tenant_ids))
+        )
+
+    def get_serializer_class(self):
+        return PoolSerializer if self._sees_everything() else TenantPoolSerializer
+
+    def _sees_everything(self) -> bool:
+        return getattr(self, "swagger_fake_view", False) or is_operator(self.request.user)
+
+    def service_create(self, data):
+        return fleet.pool_create(actor=self.request.user, **data)
+
+    def service_update(self, pool, data):
+        with transaction.atomic():
+            if "floor_gpus" in data:
+                fleet.pool_set_floor(
+                    pool=pool, floor_gpus=data["floor_gpus"], actor=self.request.user
+                )
+            if "tenants" in data:
+                fleet.pool_set_tenants(pool=pool, tenants=data["tenants"], actor=self.request.user)
+
+    def service_delete(self, pool):
+        fleet.pool_delete(pool=pool, actor=self.request.user)
+
+    @extend_schema(request=PoolFloorSerializer, responses=PoolSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def floor(self, request, pk=None):
+        """Set the GPUs the arbiter never reclaims this pool below. The floors of a set's pools
+        together may not exceed the set's GPUs."""
+        pool = self.get_object()
+        data = self.validated(PoolFloorSerializer, request.data)
+        fleet.pool_set_floor(pool=pool, floor_gpus=data["floor_gpus"], actor=request.user)
+        return Response(self.read(pool))

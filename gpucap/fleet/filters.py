@@ -1,0 +1,70 @@
+"""django-filter FilterSets for the fleet API's list endpoints.
+
+Foreign keys filter by id with plain number filters: a tenant member filtering pools by a
+cluster must not learn from a "no such cluster" error which cluster ids exist.
+"""
+
+import django_filters
+from django import forms
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class IdFilter(django_filters.NumberFilter):
+    """A foreign key by id: a whole number, or a 400 naming the parameter."""
+
+    field_class = forms.IntegerField
+
+
+class ClusterFilter(django_filters.FilterSet):
+    class Meta:
+        model = Cluster
+        fields = {"name": ["exact"], "driver": ["exact"]}
+
+
+class NodeFilter(django_filters.FilterSet):
+    cluster = IdFilter(field_name="cluster_id", label="Cluster id")
+    capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
+    standalone = django_filters.BooleanFilter(
+        field_name="capacity_set", lookup_expr="isnull", label="In no capacity set"
+    )
+
+    class Meta:
+        model = Node
+        fields = {
+            "state": ["exact"],
+            "gpu_model": ["exact"],
+            "fabric": ["exact"],
+            "hostname": ["exact", "icontains"],
+        }
+
+
+class GpuFilter(django_filters.FilterSet):
+    node = IdFilter(field_name="node_id", label="Node id")
+
+    class Meta:
+        model = Gpu
+        fields = {"health": ["exact"]}
+
+
+class CapacitySetFilter(django_filters.FilterSet):
+    cluster = IdFilter(field_name="cluster_id", label="Cluster id")
+
+    class Meta:
+        model = CapacitySet
+        fields = {"fabric": ["exact"], "mode": ["exact"], "gpu_model": ["exact"]}
+
+
+class PoolFilter(django_filters.FilterSet):
+    cluster = IdFilter(field_name="cluster_id", label="Cluster id")
+    capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
+    standalone = django_filters.BooleanFilter(
+        field_name="capacity_set", lookup_expr="isnull", label="In no capacity set"
+    )
+
+    class Meta:
+        model = Pool
+        fields = {"kind": ["exact"]}

@@ -1,0 +1,114 @@
+"""Every API error has one body: {"error": {"code", "message", "fields"}}, whatever raised it:
+a serializer, a service, authentication, permissions, a missing object or route, a method."""
+
+import pytest
+
+from gpucap.fleet import services as fleet
+from gpucap.fleet.models import Node
+
+
+def assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert list(body) == ["error"]
+    assert set(body["error"]) == {"code", "message", "fields"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def test_serializer_validation_names_every_missing_field(operator_api, db):
+    error = assert_error(operator_api.post("/api/nodes/", {}, format="json"), 400, "invalid")
+    assert set(error["fields"]) == {"cluster", "hostname", "gpu_model", "fabric", "gpu_count"}
+    assert error["fields"]["hostname"] == ["This field is required."]
+    assert "hostname: This field is required." in error["message"]
+
+
+def test_service_validation_names_the_field_and_the_reason(operator_api, fleet_east):
+    body = {
+        "cluster": fleet_east["cluster"].pk,
+        "name": "h100-batch",
+        "kind": "spot",
+        "capacity_set": fleet_east["sets"]["h100-east"].pk,
+        "rank": 1,
+    }
+    error = assert_error(operator_api.post("/api/pools/", body, format="json"), 400, "invalid")
+    assert error["fields"] == {
+        "rank": ["rank 1 is already used by another pool in capacity set h100-east"]
+    }
+    assert (
+        error["message"] == "rank: rank 1 is already used by another pool in capacity set h100-east"
+    )
+
+
+def test_a_field_the_request_cannot_set_is_refused_by_name(operator_api, fleet_east):
+    node = fleet_east["nodes"]["a100-001"]
+    response = operator_api.patch(f"/api/nodes/{node.pk}/", {"hostnme": "typo"}, format="json")
+    error = assert_error(response, 400, "invalid")
+    assert error["fields"] == {"hostnme": ["cannot be set by this request"]}
+
+
+def test_malformed_json_is_a_400(operator_api, db):
+    response = operator_api.generic(
+        "POST", "/api/clusters/", "{not json", content_type="application/json"
+    )
+    error = assert_error(response, 400, "parse_error")
+    assert "JSON parse error" in error["message"]
+
+
+def test_a_conflict_is_a_409(operator_api, fleet_east):
+    node = fleet.node_set_state(node=fleet_east["nodes"]["a100-001"], state="down")
+    error = assert_error(operator_api.post(f"/api/nodes/{node.pk}/uncordon/"), 409, "conflict")
+    assert error == {
+        "code": "conflict",
+        "message": "node a100-001 is down; it cannot become ready",
+        "fields": {},
+    }
+
+
+def test_a_refused_delete_is_a_409_not_a_500(operator_api, fleet_east):
+    response = operator_api.delete(f"/api/capacity-sets/{fleet_east['sets']['h100-east'].pk}/")
+    error = assert_error(response, 409, "in_use")
+    assert "2 nodes (h100-001, h100-002)" in error["message"]
+
+
+def test_not_authenticated_is_a_401_that_says_how_to_authenticate(anonymous_api, db):
+    response = anonymous_api.get("/api/nodes/")
+    error = assert_error(response, 401, "not_authenticated")
+    assert error["message"] == "Authentication credentials were not provided."
+    assert response["WWW-Authenticate"] == "Token"
+
+
+def test_permission_denied_is_a_403(member_api, db):
+    error = assert_error(member_api.get("/api/clusters/"), 403, "permission_denied")
+    assert error["message"] == "Only operators may do this."
+
+
+def test_a_missing_object_is_a_404(operator_api, db):
+    assert_error(operator_api.get("/api/nodes/987654/"), 404, "not_found")
+
+
+@pytest.mark.parametrize("path", ["/api/nope/", "/api/nodes/1/reboot/"])
+def test_an_unknown_api_path_is_a_json_404(operator_api, db, path):
+    error = assert_error(operator_api.get(path), 404, "not_found")
+    assert error["message"] == f"no API endpoint at {path}"
+
+
+def test_a_path_missing_its_trailing_slash_says_so(operator_api, db):
+    error = assert_error(operator_api.post("/api/nodes", {}), 404, "not_found")
+    assert error["message"] == (
+        "no API endpoint at /api/nodes; did you mean /api/nodes/ (with the trailing slash)?"
+    )
+
+
+def test_a_method_the_endpoint_does_not_allow_is_a_405(operator_api, fleet_east):
+    node = fleet_east["nodes"]["a100-001"]
+    error = assert_error(
+        operator_api.put(f"/api/nodes/{node.pk}/", {"labels": {}}, format="json"),
+        405,
+        "method_not_allowed",
+    )
+    assert error["message"] == 'Method "PUT" not allowed.'
+    assert_error(operator_api.get(f"/api/nodes/{node.pk}/cordon/"), 405, "method_not_allowed")
+    assert Node.objects.get(pk=node.pk).state == "ready"
