@@ -1,0 +1,5 @@
+import sys
+
+from gpucap.arbiter.cli import main
+
+sys.exit(main())

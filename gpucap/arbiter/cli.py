@@ -1,0 +1,66 @@
+"""``python -m gpucap.arbiter plan|explain SNAPSHOT.json`` (``-`` reads standard input).
+
+``plan`` prints the plan as the JSON of DESIGN.md section 7; ``explain`` prints the same plan as
+tables for people. A snapshot that cannot be planned exits with status 2 and one line per
+problem on standard error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import sys
+from datetime import UTC, datetime
+
+from gpucap.arbiter.codec import SnapshotError, dump_plan, load_snapshot
+from gpucap.arbiter.explain import render_plan
+from gpucap.arbiter.planner import plan
+
+BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpucap.arbiter",
+        description="Plan GPU reclaims for one capacity set from a snapshot file, offline.",
+    )
+    parser.add_argument("command", choices=("plan", "explain"), help="plan: JSON; explain: tables")
+    parser.add_argument("snapshot", help="snapshot JSON file (DESIGN.md section 7), or - for stdin")
+    args = parser.parse_args(argv)
+    # One short run that builds hundreds of thousands of objects and leaves no cycles behind:
+    # the cyclic collector would only rescan them, and its cost grows faster than the fleet.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args.command, args.snapshot)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(command: str, path: str) -> int:
+    try:
+        snapshot = load_snapshot(_read(path))
+    except OSError as error:
+        print(f"{path}: cannot read: {error.strerror or error}", file=sys.stderr)
+        return BAD_INPUT
+    except SnapshotError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        return BAD_INPUT
+    if snapshot.now is None:
+        snapshot = dataclasses.replace(snapshot, now=datetime.now(UTC))
+    result = plan(snapshot)
+    text = dump_plan(result) if command == "plan" else render_plan(snapshot, result)
+    # UTF-8 whatever the locale: reasons say "4 → 0", and the JSON keeps names as written.
+    sys.stdout.buffer.write(text.encode())
+    sys.stdout.flush()
+    return 0
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as snapshot_file:
+        return snapshot_file.read()

@@ -1,0 +1,473 @@
+"""Snapshot and plan files (DESIGN.md section 7): JSON in, frozen dataclasses out, and back.
+
+`load_snapshot` reads a snapshot and raises `SnapshotError` carrying every problem found, one
+line each: first the shape of each item (missing or unknown fields, wrong types), then the
+checks of `validation` (references, GPU ranges, topology, duplicates). `dump_plan` writes a plan
+with the keys of section 7 in a fixed order, so equal plans are equal bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gpucap.arbiter.model import (
+    FABRICS,
+    CapacitySet,
+    Demand,
+    Deployment,
+    Node,
+    Plan,
+    Pool,
+    Snapshot,
+    Vm,
+)
+from gpucap.arbiter.validation import check_snapshot, item_label, one_line
+
+__all__ = [
+    "SnapshotError",
+    "dump_plan",
+    "format_time",
+    "load_snapshot",
+    "plan_to_dict",
+    "snapshot_from_dict",
+    "snapshot_to_dict",
+]
+
+
+class SnapshotError(ValueError):
+    """The snapshot cannot be planned; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        problems = [one_line(problem) for problem in problems]
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_snapshot(text: str | bytes) -> Snapshot:
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SnapshotError([f"snapshot: not valid JSON: {error}"]) from None
+    return snapshot_from_dict(data)
+
+
+def snapshot_from_dict(data: object) -> Snapshot:
+    """Build a snapshot from parsed JSON, or raise `SnapshotError` with every problem."""
+    problems: list[str] = []
+    if type(data) is not dict:
+        raise SnapshotError([f"snapshot: must be a JSON object, got {_show(data)}"])
+    reader = _Reader(problems)
+    for key in data:
+        if key not in _TOP_FIELDS:
+            problems.append(f'snapshot: unknown field "{key}"')
+    capacity_set = reader.capacity_set(data.get("set"), "set" in data)
+    now = None
+    if data.get("now") is not None:
+        now = reader.time(data["now"], "snapshot", "now")
+    nodes = reader.section(data, "nodes", _NODE_FIELDS, reader.node, required=True)
+    pools = reader.section(data, "pools", _POOL_FIELDS, reader.pool, required=True)
+    deployments = reader.section(
+        data, "deployments", _DEPLOYMENT_FIELDS, reader.deployment, required=False
+    )
+    vms = reader.section(data, "vms", _VM_FIELDS, reader.vm, required=True)
+    demands = reader.section(data, "demands", _DEMAND_FIELDS, reader.demand, required=True)
+    if capacity_set is None:
+        raise SnapshotError(problems)
+    snapshot = Snapshot(
+        capacity_set=capacity_set,
+        nodes=tuple(item for _, item in nodes),
+        pools=tuple(item for _, item in pools),
+        vms=tuple(item for _, item in vms),
+        demands=tuple(item for _, item in demands),
+        deployments=tuple(item for _, item in deployments),
+        now=now,
+    )
+    problems.extend(
+        check_snapshot(
+            snapshot,
+            nodes=nodes,
+            pools=pools,
+            deployments=deployments,
+            vms=vms,
+            demands=demands,
+            unreadable=reader.unreadable,
+        )
+    )
+    if problems:
+        raise SnapshotError(problems)
+    return snapshot
+
+
+def snapshot_to_dict(snapshot: Snapshot) -> dict:
+    """The section 7 JSON form of a snapshot (optional fields only where they differ)."""
+    capacity_set = snapshot.capacity_set
+    data: dict = {
+        "set": {
+            "name": capacity_set.name,
+            "fabric": capacity_set.fabric,
+            "gpu_model": capacity_set.gpu_model,
+        },
+    }
+    if snapshot.now is not None:
+        data["now"] = format_time(snapshot.now)
+    data["nodes"] = [_node_to_dict(node) for node in snapshot.nodes]
+    data["pools"] = [
+        {"name": p.name, "kind": p.kind, "rank": p.rank, "floor_gpus": p.floor_gpus}
+        for p in snapshot.pools
+    ]
+    data["deployments"] = [
+        {"name": d.name, "pool": d.pool, "min_replicas": d.min_replicas}
+        for d in snapshot.deployments
+    ]
+    data["vms"] = [_vm_to_dict(vm) for vm in snapshot.vms]
+    data["demands"] = [
+        {
+            "id": d.id,
+            "group": d.group,
+            "pool": d.pool,
+            "gpus": d.gpus,
+            "requested_at": format_time(d.requested_at),
+        }
+        for d in snapshot.demands
+    ]
+    return data
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """The section 7 JSON form of a plan, keys in a fixed order."""
+    preemptions = []
+    for p in plan.preemptions:
+        entry = {
+            "vm": p.vm,
+            "pool": p.pool,
+            "node": p.node,
+            "gpus": list(p.gpus),
+            "for": p.for_demand,
+            "reason": p.reason,
+        }
+        if p.tenant is not None:
+            entry["tenant"] = p.tenant
+        preemptions.append(entry)
+    return {
+        "complete": plan.complete,
+        "placements": [
+            {"demand": p.demand, "node": p.node, "gpus": list(p.gpus), "preempts": list(p.preempts)}
+            for p in plan.placements
+        ],
+        "preemptions": preemptions,
+        "unsatisfied": [
+            {"demand": u.demand, "group": u.group, "reason": u.reason} for u in plan.unsatisfied
+        ],
+        "pools": [
+            {
+                "name": b.name,
+                "before_gpus": b.before_gpus,
+                "after_gpus": b.after_gpus,
+                "floor_gpus": b.floor_gpus,
+            }
+            for b in plan.pools
+        ],
+    }
+
+
+def dump_plan(plan: Plan) -> str:
+    """The plan as JSON text: one line per placement, preemption, unsatisfied demand and pool,
+    so plans read well and diff well."""
+    lines = ["{"]
+    data = plan_to_dict(plan)
+    last = len(data) - 1
+    for position, (key, value) in enumerate(data.items()):
+        comma = "," if position < last else ""
+        if isinstance(value, list) and value:
+            lines.append(f"  {json.dumps(key)}: [")
+            items = [f"    {json.dumps(item, ensure_ascii=False)}" for item in value]
+            lines.append(",\n".join(items))
+            lines.append(f"  ]{comma}")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def format_time(moment: datetime) -> str:
+    text = moment.astimezone(UTC).isoformat() if moment.tzinfo else moment.isoformat()
+    return text.replace("+00:00", "Z")
+
+
+def _node_to_dict(node: Node) -> dict:
+    data: dict = {"name": node.name, "gpus": node.gpus, "state": node.state}
+    data["failed_gpus"] = list(node.failed_gpus)
+    if node.partitions is not None:
+        data["partitions"] = [list(block) for block in node.partitions]
+    return data
+
+
+def _vm_to_dict(vm: Vm) -> dict:
+    data: dict = {
+        "id": vm.id,
+        "pool": vm.pool,
+        "node": vm.node,
+        "gpus": list(vm.gpus),
+        "started_at": format_time(vm.started_at),
+    }
+    if vm.deployment is not None:
+        data["deployment"] = vm.deployment
+    if vm.state != "running":
+        data["state"] = vm.state
+    if vm.tenant is not None:
+        data["tenant"] = vm.tenant
+    return data
+
+
+# Fields of each item: (required, optional). The first required field names the item.
+_TOP_FIELDS = frozenset({"set", "now", "nodes", "pools", "deployments", "vms", "demands"})
+_SET_FIELDS = (("name", "fabric", "gpu_model"), ())
+_NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
+_POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ())
+_DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
+_VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "state", "tenant"))
+_DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ())
+
+
+def _show(value: object) -> str:
+    """A JSON value as the file shows it, shortened for an error line."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Reader:
+    """Reads items field by field, noting every problem instead of stopping at the first."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        self.unreadable: dict[str, set[str]] = {}
+        self._times: dict[str, datetime] = {}
+
+    def section(
+        self,
+        data: dict,
+        section: str,
+        fields: tuple[tuple[str, ...], tuple[str, ...]],
+        build: Callable[[dict, str], object | None],
+        *,
+        required: bool,
+    ) -> list[tuple[str, object]]:
+        if section not in data:
+            if required:
+                self.problems.append(f'snapshot: missing field "{section}"')
+            return []
+        items = data[section]
+        if type(items) is not list:
+            self.problems.append(f"{section}: must be a list, got {_show(items)}")
+            return []
+        required_fields, optional_fields = fields
+        required_set = frozenset(required_fields)
+        allowed = required_set | frozenset(optional_fields)
+        name_field = required_fields[0]
+        out: list[tuple[str, object]] = []
+        for index, item in enumerate(items):
+            if type(item) is not dict:
+                self.problems.append(f"{section}[{index}]: must be an object, got {_show(item)}")
+                continue
+            name = item.get(name_field)
+            label = item_label(section, index, name)
+            before = len(self.problems)
+            keys = item.keys()
+            if not (keys >= required_set and keys <= allowed):
+                self._report_fields(item, label, required_fields, allowed)
+            built = build(item, label)
+            if built is None or len(self.problems) > before:
+                if isinstance(name, str):
+                    self.unreadable.setdefault(section, set()).add(name)
+                continue
+            out.append((label, built))
+        return out
+
+    def _report_fields(
+        self, item: dict, label: str, required: tuple[str, ...], allowed: frozenset[str]
+    ) -> None:
+        for key in required:
+            if key not in item:
+                self.problems.append(f'{label}: missing field "{key}"')
+        for key in item:
+            if key not in allowed:
+                self.problems.append(f'{label}: unknown field "{key}"')
+
+    def capacity_set(self, raw: object, present: bool) -> CapacitySet | None:
+        if not present:
+            self.problems.append('snapshot: missing field "set"')
+            return None
+        if type(raw) is not dict:
+            self.problems.append(f"set: must be an object, got {_show(raw)}")
+            return None
+        required, _ = _SET_FIELDS
+        before = len(self.problems)
+        self._report_fields(raw, "set", required, frozenset(required))
+        name = self.text(raw, "set", "name")
+        gpu_model = self.text(raw, "set", "gpu_model")
+        fabric = self.text(raw, "set", "fabric")
+        if fabric is not None and fabric not in FABRICS:
+            self.problems.append(f"set: fabric must be one of pcie, nvswitch, got {_show(fabric)}")
+        if len(self.problems) > before:
+            return None
+        return CapacitySet(name=name, fabric=fabric, gpu_model=gpu_model)
+
+    def node(self, item: dict, label: str) -> Node | None:
+        name = self.text(item, label, "name")
+        gpus = self.integer(item, label, "gpus")
+        state = self.text(item, label, "state")
+        failed = self.indices(item, label, "failed_gpus", optional=True)
+        partitions = None
+        raw_partitions = item.get("partitions")
+        if raw_partitions is not None:
+            if type(raw_partitions) is not list:
+                self.problems.append(
+                    f"{label}: partitions must be a list of GPU index lists, got "
+                    f"{_show(raw_partitions)}"
+                )
+            else:
+                blocks = []
+                for position, block in enumerate(raw_partitions):
+                    if type(block) is not list or not all(type(i) is int for i in block):
+                        self.problems.append(
+                            f"{label}: partitions[{position}] must be a list of GPU indices, got "
+                            f"{_show(block)}"
+                        )
+                    else:
+                        blocks.append(tuple(sorted(block)))
+                partitions = tuple(blocks)
+        if None in (name, gpus, state, failed):
+            return None
+        return Node(name=name, gpus=gpus, state=state, failed_gpus=failed, partitions=partitions)
+
+    def pool(self, item: dict, label: str) -> Pool | None:
+        name = self.text(item, label, "name")
+        kind = self.text(item, label, "kind")
+        rank = self.integer(item, label, "rank")
+        floor_gpus = self.integer(item, label, "floor_gpus")
+        if None in (name, kind, rank, floor_gpus):
+            return None
+        return Pool(name=name, kind=kind, rank=rank, floor_gpus=floor_gpus)
+
+    def deployment(self, item: dict, label: str) -> Deployment | None:
+        name = self.text(item, label, "name")
+        pool = self.text(item, label, "pool")
+        min_replicas = self.integer(item, label, "min_replicas")
+        if None in (name, pool, min_replicas):
+            return None
+        return Deployment(name=name, pool=pool, min_replicas=min_replicas)
+
+    def vm(self, item: dict, label: str) -> Vm | None:
+        # Fleets have tens of thousands of VMs: take well-formed ones without the per-field
+        # helpers, and let the helpers word the problems of the rest.
+        vm_id, pool, node = item.get("id"), item.get("pool"), item.get("node")
+        gpus, started = item.get("gpus"), item.get("started_at")
+        deployment, tenant = item.get("deployment"), item.get("tenant")
+        state = item.get("state", "running")
+        moment = self._parse_time(started) if type(started) is str else None
+        if (
+            moment is not None
+            and type(vm_id) is str
+            and type(pool) is str
+            and type(node) is str
+            and type(gpus) is list
+            and all(type(index) is int for index in gpus)
+            and (deployment is None or type(deployment) is str)
+            and (tenant is None or type(tenant) is str)
+            and type(state) is str
+        ):
+            return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
+        return self._vm_slowly(item, label)
+
+    def _vm_slowly(self, item: dict, label: str) -> Vm | None:
+        vm_id = self.text(item, label, "id")
+        pool = self.text(item, label, "pool")
+        node = self.text(item, label, "node")
+        gpus = self.indices(item, label, "gpus")
+        started_at = self.time(item.get("started_at"), label, "started_at", "started_at" in item)
+        deployment = self.text(item, label, "deployment", optional=True)
+        state = self.text(item, label, "state", optional=True) or "running"
+        tenant = self.text(item, label, "tenant", optional=True)
+        if None in (vm_id, pool, node, gpus, started_at):
+            return None
+        return Vm(
+            id=vm_id,
+            pool=pool,
+            node=node,
+            gpus=tuple(sorted(gpus)),
+            started_at=started_at,
+            deployment=deployment,
+            state=state,
+            tenant=tenant,
+        )
+
+    def demand(self, item: dict, label: str) -> Demand | None:
+        demand_id = self.text(item, label, "id")
+        group = self.text(item, label, "group")
+        pool = self.text(item, label, "pool")
+        gpus = self.integer(item, label, "gpus")
+        requested_at = self.time(
+            item.get("requested_at"), label, "requested_at", "requested_at" in item
+        )
+        if None in (demand_id, group, pool, gpus, requested_at):
+            return None
+        return Demand(id=demand_id, group=group, pool=pool, gpus=gpus, requested_at=requested_at)
+
+    def text(self, item: dict, label: str, key: str, *, optional: bool = False) -> str | None:
+        value = item.get(key)
+        if type(value) is str:
+            return value
+        if value is None and (optional or key not in item):
+            return None  # a missing required field is reported once, by _report_fields
+        self.problems.append(f"{label}: {key} must be a string, got {_show(value)}")
+        return None
+
+    def integer(self, item: dict, label: str, key: str) -> int | None:
+        value = item.get(key)
+        if type(value) is int:
+            return value
+        if key not in item:
+            return None
+        self.problems.append(f"{label}: {key} must be an integer, got {_show(value)}")
+        return None
+
+    def indices(
+        self, item: dict, label: str, key: str, *, optional: bool = False
+    ) -> tuple[int, ...] | None:
+        value = item.get(key)
+        if value is None and optional:
+            return ()
+        if key not in item:
+            return None
+        if type(value) is list and all(type(index) is int for index in value):
+            return tuple(value)
+        self.problems.append(f"{label}: {key} must be a list of GPU indices, got {_show(value)}")
+        return None
+
+    def time(self, value: object, label: str, key: str, present: bool = True) -> datetime | None:
+        if not present:
+            return None
+        if type(value) is str:
+            moment = self._parse_time(value)
+            if moment is not None:
+                return moment
+        self.problems.append(
+            f"{label}: {key} must be an ISO 8601 time with a time zone "
+            f'(e.g. "2026-11-29T10:00:00Z"), got {_show(value)}'
+        )
+        return None
+
+    def _parse_time(self, value: str) -> datetime | None:
+        """An aware datetime, or None when ``value`` is not an ISO 8601 time with a zone."""
+        moment = self._times.get(value)
+        if moment is None:
+            try:
+                moment = datetime.fromisoformat(value)
+            except ValueError:
+                return None
+            if moment.tzinfo is None:
+                return None
+            self._times[value] = moment
+        return moment

@@ -1,0 +1,143 @@
+"""The arbiter's vocabulary: the snapshot it plans from and the plan it returns.
+
+Everything here is a frozen dataclass, so a snapshot can be shared between threads and a plan
+compared or hashed. The JSON form of both is DESIGN.md section 7; `codec` reads and writes it.
+
+Beyond section 7 the snapshot accepts these optional fields (all with defaults, so a section 7
+file is read unchanged):
+
+- top level ``"now"``: ISO 8601 time the plan is made for. The planner never reads the clock;
+  the CLI fills in the current UTC time when the file has none. ``now`` only feeds the running
+  times that ``explain`` prints; the plan JSON does not depend on it.
+- VM ``"state"``: ``"running"`` (default) or ``"notified"``. A notified VM already has an
+  interruption notice: it is never chosen as a victim again, and its GPUs are not free (they
+  are reserved for the placement that preempted it). It no longer counts towards its pool's
+  held GPUs or its deployment's replicas, since it is leaving.
+- VM ``"tenant"``: any string, passed through to the VM's preemption as ``"tenant"`` so the
+  operator preview can say whose VM gets a notice.
+
+Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
+placements and subtract its preemptions (``after_gpus``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+FABRICS = ("pcie", "nvswitch")
+NODE_STATES = ("ready", "cordoned", "draining", "down")
+POOL_KINDS = ("on_demand", "spot", "inference")
+VM_STATES = ("running", "notified")
+
+# Block sizes a VM or demand may ask for, per fabric (DESIGN.md section 2).
+BLOCK_SIZES = {"pcie": (1,), "nvswitch": (1, 2, 4, 8)}
+MAX_NODE_GPUS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySet:
+    name: str
+    fabric: str
+    gpu_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpus: int
+    state: str = "ready"
+    failed_gpus: tuple[int, ...] = ()
+    # The node's partition table in GPU-index terms; None means the default table.
+    partitions: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    kind: str
+    rank: int
+    floor_gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    name: str
+    pool: str
+    min_replicas: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Vm:
+    id: str
+    pool: str
+    node: str
+    gpus: tuple[int, ...]
+    started_at: datetime
+    deployment: str | None = None
+    state: str = "running"
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    id: str
+    group: str
+    pool: str
+    gpus: int
+    requested_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    capacity_set: CapacitySet
+    nodes: tuple[Node, ...]
+    pools: tuple[Pool, ...]
+    vms: tuple[Vm, ...] = ()
+    demands: tuple[Demand, ...] = ()
+    deployments: tuple[Deployment, ...] = ()
+    now: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    demand: str
+    node: str
+    gpus: tuple[int, ...]
+    preempts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    vm: str
+    pool: str
+    node: str
+    gpus: tuple[int, ...]
+    for_demand: str
+    reason: str
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsatisfied:
+    demand: str
+    group: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBalance:
+    name: str
+    rank: int
+    before_gpus: int
+    after_gpus: int
+    floor_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    complete: bool
+    placements: tuple[Placement, ...]
+    preemptions: tuple[Preemption, ...]
+    unsatisfied: tuple[Unsatisfied, ...]
+    pools: tuple[PoolBalance, ...]
