@@ -2,7 +2,13 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
+# libvirt-python builds against libvirt's headers; keep only the runtime library afterwards.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev pkg-config libvirt-dev \
+ && pip install --no-cache-dir -r requirements.txt \
+ && apt-mark manual $(dpkg-query -W -f '${Package}\n' 'libvirt0*') \
+ && apt-get purge -y --auto-remove gcc libc6-dev pkg-config libvirt-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN DEBUG=0 SECRET_KEY=collectstatic-only python manage.py collectstatic --no-input
 ENV DEBUG=0

@@ -5,17 +5,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test bench lint format install install-dev db migrate demo browser clean
+.PHONY: run test bench lint format install install-dev db migrate demo browser libvirt-dev clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt | $(VENV)/bin/python
+$(VENV)/.installed: requirements.txt | libvirt-dev $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | libvirt-dev $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
 	touch $(VENV)/.installed $@
 
@@ -41,6 +41,13 @@ lint: install-dev
 format: install-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# Debian's libvirt headers, pkg-config and a C compiler: pip builds libvirt-python against them
+# (the libvirt driver, and its tests on libvirt's built-in test hypervisor). Checked before
+# every install, so a fresh machine gets them before pip needs them.
+libvirt-dev:
+	@pkg-config --exists libvirt 2>/dev/null && command -v cc >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq libvirt-dev pkg-config gcc >/dev/null)
 
 # Debian's chromium for the browser tests (Playwright drives it; it never downloads browsers).
 browser:

@@ -12,6 +12,7 @@ from gpucap.fleet.api import (
     NodeViewSet,
     PoolViewSet,
 )
+from gpucap.rentals.api import VirtualMachineViewSet
 from gpucap.tenancy.api import ObtainTokenView, TenantViewSet
 
 router = DefaultRouter()
@@ -21,6 +22,7 @@ router.register("gpus", GpuViewSet, basename="gpu")
 router.register("capacity-sets", CapacitySetViewSet, basename="capacity-set")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("tenants", TenantViewSet, basename="tenant")
+router.register("vms", VirtualMachineViewSet, basename="vm")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),

@@ -40,6 +40,8 @@ INSTALLED_APPS = [
     "gpucap.tenancy",
     "gpucap.audit",
     "gpucap.fleet",
+    "gpucap.rentals",
+    "gpucap.usage",
 ]
 
 MIDDLEWARE = [
@@ -145,12 +147,28 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# A queue of its own lets a test run's worker consume only that run's tasks.
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
         "schedule": crontab(minute=17, hour=3),
     },
+    "rentals-reconcile": {
+        "task": "rentals.reconcile",
+        "schedule": float(env_int("RENTALS_RECONCILE_SECONDS", 30, minimum=1)),
+    },
 }
+
+# How Celery tasks drive VMs through their cluster's driver (gpucap.rentals.tasks).
+RENTALS_DRIVER_MAX_RETRIES = env_int("RENTALS_DRIVER_MAX_RETRIES", 5, minimum=0)
+RENTALS_DRIVER_RETRY_BACKOFF_SECONDS = env_int("RENTALS_DRIVER_RETRY_BACKOFF_SECONDS", 2, minimum=1)
+RENTALS_DRIVER_RETRY_BACKOFF_MAX_SECONDS = 300
+RENTALS_POLL_SECONDS = env_int("RENTALS_POLL_SECONDS", 3, minimum=1)
+RENTALS_POLLS = env_int("RENTALS_POLLS", 40, minimum=0)  # then the reconciler takes over
+RENTALS_BOOT_TIMEOUT_SECONDS = env_int("RENTALS_BOOT_TIMEOUT_SECONDS", 900, minimum=1)
+# How long a VM may wait for its task before the reconciler sends the task again.
+RENTALS_RECONCILE_GRACE_SECONDS = env_int("RENTALS_RECONCILE_GRACE_SECONDS", 120, minimum=0)
 
 LOGGING = {
     "version": 1,

@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("gpucap.tenancy.urls")),
     path("fleet/", include("gpucap.fleet.urls")),
     path("audit/", include("gpucap.audit.urls")),
+    path("", include("gpucap.rentals.urls")),
 ]

@@ -5,6 +5,7 @@
 - ``other_member``: a member of tenant ``globex``, who must never see acme's things.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -149,7 +150,12 @@ def fleet_east(db, tenant, other_tenant):
             name="l40s-ondemand", kind="on_demand", cluster=cluster, capacity_set=l40s, rank=1
         ),
         "a100-standalone": fleet.pool_create(
-            name="a100-standalone", kind="on_demand", cluster=cluster, rank=1
+            name="a100-standalone",
+            kind="on_demand",
+            cluster=cluster,
+            rank=1,
+            gpu_model="A100-SXM4-80GB",
+            fabric="nvswitch",
         ),
     }
     fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[tenant])
@@ -169,3 +175,37 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
 
     test = settings.DATABASES["default"].setdefault("TEST", {})
     test["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_{os.getpid()}"
+
+
+TEST_BROKER_URL = "redis://127.0.0.1:6379/15"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def celery_test_broker():
+    """Tasks enqueued by services during tests go to a Redis database of their own, never to
+    the queue a developer's `make run` worker consumes."""
+    from gpucap.celery import app
+
+    previous = app.conf.broker_url
+    app.conf.broker_url = TEST_BROKER_URL
+    yield TEST_BROKER_URL
+    app.conf.broker_url = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def simulated_fleet_empty(django_db_modify_db_settings):
+    """The simulated driver keeps its fleet in Redis under the database's name. Each session
+    starts and ends with an empty one, so a test database whose name comes round again (a
+    recycled pid) never meets an earlier run's VMs."""
+    import redis
+    from django.conf import settings
+
+    from gpucap.drivers.simulated import SimulatedDriver
+
+    fleet = SimulatedDriver(namespace=settings.DATABASES["default"]["TEST"]["NAME"])
+    # Redis down: nothing to empty, and the tests that need Redis will say it is down.
+    with contextlib.suppress(redis.ConnectionError):
+        fleet.reset()
+    yield
+    with contextlib.suppress(redis.ConnectionError):
+        fleet.reset()

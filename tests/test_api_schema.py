@@ -27,6 +27,11 @@ ENDPOINTS = {
     "/api/tenants/": {"get"},
     "/api/tenants/{id}/": {"get"},
     "/api/token/": {"post"},
+    "/api/vms/": {"get", "post"},
+    "/api/vms/{id}/": {"get", "delete"},
+    "/api/vms/{id}/stop/": {"post"},
+    "/api/vms/{id}/start/": {"post"},
+    "/api/vms/{id}/place/": {"post"},
 }
 
 # Command -> (request component or None, response component).

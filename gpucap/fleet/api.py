@@ -157,17 +157,14 @@ class PoolSerializer(serializers.ModelSerializer):
         source="capacity_set.name", read_only=True, allow_null=True
     )
     gpu_model = serializers.CharField(
-        source="capacity_set.gpu_model",
         read_only=True,
-        allow_null=True,
-        help_text="The capacity set's GPU model; null for a standalone pool.",
+        help_text="The GPUs the pool rents: its set's model, or for a standalone pool the model "
+        "of the cluster's standalone nodes it places on.",
     )
     fabric = serializers.ChoiceField(
-        source="capacity_set.fabric",
         choices=Fabric.choices,
         read_only=True,
-        allow_null=True,
-        help_text="The capacity set's fabric; null for a standalone pool.",
+        help_text="pcie or nvswitch: its set's fabric, or a standalone pool's own.",
     )
     tenants = serializers.SlugRelatedField(
         many=True, read_only=True, slug_field="slug", help_text="Tenants that may use the pool."
@@ -332,6 +329,18 @@ class PoolCreateSerializer(InputSerializer):
         required=False,
         allow_null=True,
         help_text="Null or absent: a standalone pool on the cluster.",
+    )
+    gpu_model = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="Required for a standalone pool: the GPU model of the cluster's standalone "
+        "nodes it places on. A pool in a set rents the set's model (absent or the same).",
+    )
+    fabric = _choice(
+        Fabric.choices,
+        required=False,
+        help_text="Required for a standalone pool: pcie or nvswitch. A pool in a set rents the "
+        "set's fabric (absent or the same).",
     )
     rank = serializers.IntegerField(help_text="1 is the highest priority; unique within a set.")
     floor_gpus = serializers.IntegerField(

@@ -67,4 +67,4 @@ class PoolFilter(django_filters.FilterSet):
 
     class Meta:
         model = Pool
-        fields = {"kind": ["exact"]}
+        fields = {"kind": ["exact"], "gpu_model": ["exact"], "fabric": ["exact"]}

@@ -126,6 +126,10 @@ class PoolSpec:
     kind: str
     cluster: str
     capacity_set: str | None  # None: standalone on its cluster
+    # The GPUs the pool rents. Required for a standalone pool; a pool in a set rents the set's
+    # (None: not declared).
+    gpu_model: str | None
+    fabric: str | None
     rank: int
     floor_gpus: int
     tenants: tuple[str, ...]
@@ -392,6 +396,9 @@ def _export_pools() -> list:
         entry: dict = {"name": pool.name, "kind": pool.kind, "cluster": pool.cluster.name}
         if pool.capacity_set is not None:
             entry["capacity_set"] = pool.capacity_set.name
+        else:  # a set's pools rent the set's GPUs; only a standalone pool names its own
+            entry["gpu_model"] = pool.gpu_model
+            entry["fabric"] = pool.fabric
         entry["rank"] = pool.rank
         entry["floor_gpus"] = pool.floor_gpus
         slugs = [t.slug for t in pool.tenants.all()]
@@ -494,7 +501,17 @@ _NODE_KEYS = (
 )
 _GPU_KEYS = ("index", "uuid", "pci_address", "health")
 _CAPACITY_SET_KEYS = ("name", "cluster", "gpu_model", "fabric", "notice_seconds", "mode")
-_POOL_KEYS = ("name", "kind", "cluster", "capacity_set", "rank", "floor_gpus", "tenants")
+_POOL_KEYS = (
+    "name",
+    "kind",
+    "cluster",
+    "capacity_set",
+    "gpu_model",
+    "fabric",
+    "rank",
+    "floor_gpus",
+    "tenants",
+)
 
 _SLUG = r"^[-a-zA-Z0-9_]+$"
 _SLUG_HINT = "letters, digits, - and _"
@@ -822,12 +839,25 @@ class _Schema:
             kind=f.choice("kind", Pool.Kind.values, required=True),
             cluster=f.slug("cluster", required=True),
             capacity_set=f.slug("capacity_set"),
+            gpu_model=f.text("gpu_model", max_length=64),
+            fabric=f.choice("fabric", Fabric.values),
             rank=f.integer("rank", required=True, low=1),
             floor_gpus=f.integer("floor_gpus", default=0, low=0),
             tenants=tuple(sorted(tenants)),
         )
         if spec.cluster and spec.rank:
             self._check_rank(f, spec)
+        if spec.capacity_set is None:
+            # A set's pools rent the set's GPUs; a standalone pool says which of its cluster's
+            # standalone nodes it places on.
+            for key in ("gpu_model", "fabric"):
+                if f.raw.get(key) is None:
+                    f.problem(
+                        key,
+                        "is required for a standalone pool: the "
+                        + ("GPU model" if key == "gpu_model" else "fabric (pcie or nvswitch)")
+                        + " of the cluster's standalone nodes it places on",
+                    )
         return spec if f.clean else None
 
     def _check_rank(self, f: "_Fields", spec: PoolSpec) -> None:
@@ -1433,9 +1463,15 @@ class _Planner:
                     "kind": pool.kind,
                     "cluster": pool.cluster.name,
                     "capacity_set": pool.capacity_set.name if pool.capacity_set else None,
+                    "gpu_model": pool.gpu_model,
+                    "fabric": pool.fabric,
                 }
                 for field, value in now.items():
                     wanted = getattr(spec, field)
+                    if field in ("gpu_model", "fabric") and (
+                        wanted is None or pool.capacity_set is not None
+                    ):
+                        continue  # a set's pool rents its set's GPUs: checked with the set
                     if wanted != value:
                         fine = False
                         self._problem(
@@ -1472,6 +1508,18 @@ class _Planner:
                     f"capacity_set: {spec.capacity_set} belongs to cluster "
                     f"{facts[0]}, not {spec.cluster}",
                 )
+            else:
+                for field, value, wanted in (
+                    ("gpu_model", spec.gpu_model, facts[1]),
+                    ("fabric", spec.fabric, facts[2]),
+                ):
+                    if value is not None and value != wanted:
+                        fine = False
+                        self._problem(
+                            spec.where,
+                            f"{field}: a pool of {spec.capacity_set} rents its {wanted}, not "
+                            f"{value}; leave {field} out for a pool in a set",
+                        )
         unknown = [slug for slug in spec.tenants if slug not in tenant_slugs]
         if unknown:
             fine = False
@@ -1533,7 +1581,9 @@ class _Planner:
         tenants = ", ".join(spec.tenants) or "none"
         if pool is None:
             where_to = (
-                f"set {spec.capacity_set}" if spec.capacity_set else f"standalone on {spec.cluster}"
+                f"set {spec.capacity_set}"
+                if spec.capacity_set
+                else f"standalone on {spec.cluster} ({spec.gpu_model} {spec.fabric})"
             )
             self._change(
                 "create",
@@ -1689,6 +1739,8 @@ def _pool_create(*, spec: PoolSpec, rank: int, actor: Actor) -> None:
         ),
         rank=rank,
         floor_gpus=spec.floor_gpus,
+        gpu_model=spec.gpu_model or "",
+        fabric=spec.fabric or "",
         actor=actor,
     )
 

@@ -185,6 +185,12 @@ class Pool(models.Model):
     capacity_set = models.ForeignKey(
         CapacitySet, null=True, blank=True, on_delete=models.PROTECT, related_name="pools"
     )
+    gpu_model = models.CharField(
+        max_length=64,
+        help_text="The GPUs this pool rents: its set's model, or for a standalone "
+        "pool the model of the cluster's standalone nodes it places on.",
+    )
+    fabric = models.CharField(max_length=16, choices=Fabric.choices)
     rank = models.PositiveIntegerField(help_text="1 is the highest priority.")
     floor_gpus = models.PositiveIntegerField(
         default=0, help_text="GPUs the arbiter never reclaims this pool below."
@@ -210,6 +216,9 @@ class Pool(models.Model):
             models.CheckConstraint(condition=Q(floor_gpus__gte=0), name="pool_floor_nonnegative"),
             models.CheckConstraint(
                 condition=Q(kind__in=["on_demand", "spot", "inference"]), name="pool_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(fabric__in=["pcie", "nvswitch"]), name="pool_fabric_valid"
             ),
         ]
 

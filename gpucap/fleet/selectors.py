@@ -12,6 +12,7 @@ from django.db.models import Count, IntegerField, OuterRef, Prefetch, Subquery, 
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
+from gpucap.arbiter.topology import default_partitions
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
 from gpucap.fleet.topology import BLOCK_SIZES
 
@@ -295,22 +296,14 @@ class PartitionTable:
     rows: list[PartitionRow]
 
 
-def default_partitions(gpu_count: int) -> list[list[int]]:
-    """The default NVSwitch table: every aligned block of 8, 4, 2 and 1 GPUs (DESIGN section 2)."""
-    return [
-        list(range(start, start + size))
-        for size in sorted(BLOCK_SIZES, reverse=True)
-        if size <= gpu_count
-        for start in range(0, gpu_count - size + 1, size)
-    ]
-
-
 def partition_table(node: Node) -> PartitionTable | None:
     """The node's NVLink partitions grouped by size, largest first; None for PCIe nodes."""
     if node.fabric != "nvswitch":
         return None
     is_default = node.partitions is None
-    blocks = default_partitions(node.gpu_count) if is_default else node.partitions
+    blocks = (
+        [list(b) for b in default_partitions(node.gpu_count)] if is_default else node.partitions
+    )
     rows = [
         PartitionRow(size=size, blocks=[b for b in blocks if len(b) == size])
         for size in sorted(BLOCK_SIZES, reverse=True)

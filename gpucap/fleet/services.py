@@ -423,8 +423,12 @@ def pool_create(
     capacity_set: CapacitySet | None = None,
     rank: int,
     floor_gpus: int = 0,
+    gpu_model: str = "",
+    fabric: str = "",
     actor: Actor = None,
 ) -> Pool:
+    """A pool in a capacity set rents the set's GPU model and fabric (given or not); a
+    standalone pool names the model and fabric of the standalone nodes it places on."""
     # Lock the set (or, for a standalone pool, the cluster) first: two pools created at once
     # must not both pass the rank check.
     if capacity_set is not None and capacity_set.cluster_id == cluster.pk:
@@ -441,6 +445,21 @@ def pool_create(
             f"capacity set {capacity_set.name} belongs to cluster {capacity_set.cluster.name}, "
             f"not {cluster.name}"
         )
+    if capacity_set is not None:
+        for field, value, wanted in (
+            ("gpu_model", gpu_model, capacity_set.gpu_model),
+            ("fabric", fabric, capacity_set.fabric),
+        ):
+            if value and value != wanted:
+                errors[field] = f"a pool of {capacity_set.name} rents its {wanted}, not {value}"
+        gpu_model, fabric = capacity_set.gpu_model, capacity_set.fabric
+    else:
+        if not gpu_model:
+            errors["gpu_model"] = "a standalone pool must name the GPU model it rents"
+        if fabric not in Fabric.values:
+            errors["fabric"] = (
+                f"a standalone pool must name its fabric: pcie or nvswitch, got {fabric!r}"
+            )
     if not isinstance(rank, int) or rank < 1:
         errors["rank"] = f"must be a whole number of at least 1 (1 is the highest), got {rank!r}"
     elif _rank_taken(cluster=cluster, capacity_set=capacity_set, rank=rank):
@@ -458,6 +477,8 @@ def pool_create(
         capacity_set=capacity_set,
         rank=rank,
         floor_gpus=floor_gpus,
+        gpu_model=gpu_model,
+        fabric=fabric,
     )
     capacity_set_bump(capacity_set_id=pool.capacity_set_id)
     audit_record(
@@ -467,6 +488,8 @@ def pool_create(
         after={
             "kind": kind,
             "capacity_set": capacity_set.name if capacity_set else None,
+            "gpu_model": gpu_model,
+            "fabric": fabric,
             "rank": rank,
             "floor_gpus": floor_gpus,
         },

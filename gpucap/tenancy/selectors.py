@@ -1,13 +1,12 @@
 """Reads for tenant pages. A tenant member sees only their own tenants; operators see all."""
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.http import Http404
 
-from gpucap.fleet.models import Fabric, Gpu, Node, Pool
+from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
@@ -31,11 +30,10 @@ def tenant_visible_to(*, user: AbstractBaseUser, slug: str) -> Tenant:
 
 @dataclass(frozen=True)
 class PoolAccess:
-    """A pool a tenant may use, with what backs it right now."""
+    """A pool a tenant may use (its GPU model and fabric are the pool's own fields), with
+    what backs it right now."""
 
     pool: Pool
-    gpu_models: list[str]
-    fabrics: list[str]  # as people write them: PCIe, NVSwitch
     usable_gpus: int
 
 
@@ -54,7 +52,7 @@ class TenantOverview:
 
 def tenant_overview(*, tenant: Tenant, user: AbstractBaseUser) -> TenantOverview:
     """The tenant's landing page: the viewer's role, its members (all of them for admins and
-    operators, only yourself otherwise) and the pools it may use. Five queries."""
+    operators, only yourself otherwise) and the pools it may use. Three queries."""
     memberships = list(tenant.memberships.select_related("user").order_by("user__username"))
     mine = next((m for m in memberships if m.user_id == user.pk), None)
     if mine is not None:
@@ -75,46 +73,37 @@ def tenant_overview(*, tenant: Tenant, user: AbstractBaseUser) -> TenantOverview
 
 def pool_access(*, tenant: Tenant) -> list[PoolAccess]:
     """The pools a tenant may use. A pool in a capacity set is backed by the set's nodes; a
-    standalone pool by its cluster's standalone nodes. ``usable_gpus`` counts healthy GPUs on
-    ready nodes there (free or not: allocations come with VMs). Three queries."""
+    standalone pool by its cluster's standalone nodes of the GPU model and fabric it rents.
+    ``usable_gpus`` counts healthy GPUs on ready nodes there (free or not: allocations come
+    with VMs). Two queries."""
     pools = list(
         tenant.pools.select_related("cluster", "capacity_set").order_by(
             "cluster__name", "capacity_set__name", "rank"
         )
     )
     cluster_ids = {pool.cluster_id for pool in pools}
-    usable: dict[tuple[int, int | None], int] = {
-        (row["node__cluster_id"], row["node__capacity_set_id"]): row["n"]
+    # A set's nodes all have the set's model and fabric, which its pools rent; so one key
+    # serves both kinds of pool.
+    usable: dict[tuple[int, int | None, str, str], int] = {
+        (
+            row["node__cluster_id"],
+            row["node__capacity_set_id"],
+            row["node__gpu_model"],
+            row["node__fabric"],
+        ): row["n"]
         for row in Gpu.objects.filter(
             node__cluster_id__in=cluster_ids, node__state=Node.State.READY, health=Gpu.Health.OK
         )
-        .values("node__cluster_id", "node__capacity_set_id")
+        .values("node__cluster_id", "node__capacity_set_id", "node__gpu_model", "node__fabric")
         .annotate(n=Count("id"))
         .order_by()
     }
-    standalone_kinds: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for cluster_id, gpu_model, fabric in (
-        Node.objects.filter(cluster_id__in=cluster_ids, capacity_set__isnull=True)
-        .values_list("cluster_id", "gpu_model", "fabric")
-        .distinct()
-    ):
-        standalone_kinds[cluster_id]["models"].add(gpu_model)
-        standalone_kinds[cluster_id]["fabrics"].add(fabric)
-
-    result = []
-    for pool in pools:
-        if pool.capacity_set is not None:
-            models = [pool.capacity_set.gpu_model]
-            fabrics = [Fabric(pool.capacity_set.fabric).label]
-        else:
-            models = sorted(standalone_kinds[pool.cluster_id]["models"])
-            fabrics = sorted(Fabric(f).label for f in standalone_kinds[pool.cluster_id]["fabrics"])
-        result.append(
-            PoolAccess(
-                pool=pool,
-                gpu_models=models,
-                fabrics=fabrics,
-                usable_gpus=usable.get((pool.cluster_id, pool.capacity_set_id), 0),
-            )
+    return [
+        PoolAccess(
+            pool=pool,
+            usable_gpus=usable.get(
+                (pool.cluster_id, pool.capacity_set_id, pool.gpu_model, pool.fabric), 0
+            ),
         )
-    return result
+        for pool in pools
+    ]

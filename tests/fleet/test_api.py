@@ -129,6 +129,13 @@ def test_a_shared_pool_shows_a_member_only_their_own_tenant(
     assert operator_api.get(f"/api/pools/{pool.pk}/").data["tenants"] == ["acme", "globex"]
 
 
+def test_a_member_sees_what_a_standalone_pool_rents(member_api, tenant, fleet_east):
+    pool = fleet_east["pools"]["a100-standalone"]
+    fleet.pool_set_tenants(pool=pool, tenants=[tenant])
+    data = member_api.get(f"/api/pools/{pool.pk}/").data
+    assert (data["gpu_model"], data["fabric"]) == ("A100-SXM4-80GB", "nvswitch")
+
+
 def test_a_member_of_two_tenants_sees_the_pools_of_both_once(
     member, member_api, fleet_east, tenant, other_tenant
 ):
@@ -719,11 +726,64 @@ def test_operator_creates_a_pool_in_a_set(operator_api, fleet_east):
     assert (data["rank"], data["floor_gpus"], data["tenants"]) == (4, 2, [])
 
 
-def test_operator_creates_a_standalone_pool(operator_api, fleet_east):
-    body = pool_body(fleet_east, name="a100-spot", capacity_set=None, rank=2)
+def test_operator_creates_a_standalone_pool_naming_its_gpus(operator_api, fleet_east):
+    body = pool_body(
+        fleet_east,
+        name="a100-spot",
+        capacity_set=None,
+        rank=2,
+        gpu_model="A100-SXM4-80GB",
+        fabric="nvswitch",
+    )
     response = operator_api.post("/api/pools/", body, format="json")
     assert response.status_code == 201
-    assert (response.data["capacity_set"], response.data["gpu_model"]) == (None, None)
+    data = response.data
+    assert (data["capacity_set"], data["gpu_model"], data["fabric"]) == (
+        None,
+        "A100-SXM4-80GB",
+        "nvswitch",
+    )
+    pool = Pool.objects.get(name="a100-spot")
+    assert (pool.gpu_model, pool.fabric) == ("A100-SXM4-80GB", "nvswitch")
+
+
+def test_a_standalone_pool_must_name_its_gpu_model_and_fabric(operator_api, fleet_east):
+    before = fleet_state()
+    body = pool_body(fleet_east, name="a100-spot", capacity_set=None, rank=2)
+    response = operator_api.post("/api/pools/", body, format="json")
+    assert response.status_code == 400
+    assert error_fields(response) == {
+        "gpu_model": ["a standalone pool must name the GPU model it rents"],
+        "fabric": ["a standalone pool must name its fabric: pcie or nvswitch, got ''"],
+    }
+    assert fleet_state() == before
+
+
+def test_a_pool_in_a_set_takes_the_sets_gpus_and_refuses_others(operator_api, fleet_east):
+    response = operator_api.post(
+        "/api/pools/", pool_body(fleet_east, gpu_model="H100-SXM5-80GB"), format="json"
+    )
+    assert response.status_code == 201
+    assert response.data["fabric"] == "nvswitch"
+
+    before = fleet_state()
+    body = pool_body(fleet_east, name="h100-other", rank=5, gpu_model="L40S", fabric="pcie")
+    response = operator_api.post("/api/pools/", body, format="json")
+    assert response.status_code == 400
+    assert error_fields(response) == {
+        "gpu_model": ["a pool of h100-east rents its H100-SXM5-80GB, not L40S"],
+        "fabric": ["a pool of h100-east rents its nvswitch, not pcie"],
+    }
+    assert fleet_state() == before
+
+
+def test_pool_create_refuses_an_unknown_fabric(operator_api, fleet_east):
+    before = fleet_state()
+    body = pool_body(fleet_east, capacity_set=None, gpu_model="A100-SXM4-80GB", fabric="nvlink")
+    response = operator_api.post("/api/pools/", body, format="json")
+    assert response.status_code == 400
+    assert error_fields(response) == {"fabric": ["'nvlink' is not one of: pcie, nvswitch"]}
+    assert fleet_state() == before
 
 
 @pytest.mark.parametrize(
@@ -911,6 +971,8 @@ def test_pools_filter_by_kind_set_and_cluster(operator_api, fleet_east):
         "h100-spot",
     ]
     assert names(operator_api.get("/api/pools/?standalone=true")) == ["a100-standalone"]
+    assert names(operator_api.get("/api/pools/?gpu_model=A100-SXM4-80GB")) == ["a100-standalone"]
+    assert names(operator_api.get("/api/pools/?fabric=pcie")) == ["l40s-ondemand"]
     cluster = fleet_east["cluster"]
     assert len(names(operator_api.get(f"/api/pools/?cluster={cluster.pk}"))) == 5
 

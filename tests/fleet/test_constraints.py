@@ -111,34 +111,46 @@ def test_database_refuses_one_gpu_uuid_on_two_cards(node):
     )
 
 
-def test_database_refuses_two_pools_on_one_rank_in_a_set(cluster, capacity_set):
-    Pool.objects.create(name="a", kind="spot", cluster=cluster, capacity_set=capacity_set, rank=1)
-    assert refused(
-        lambda: Pool.objects.create(
-            name="b", kind="spot", cluster=cluster, capacity_set=capacity_set, rank=1
-        )
+def pool(**values) -> Pool:
+    """A pool row written straight to the database (the services are bypassed here)."""
+    return Pool.objects.create(
+        **{"kind": "spot", "gpu_model": "H100", "fabric": "nvswitch", **values}
     )
 
 
+def test_database_refuses_two_pools_on_one_rank_in_a_set(cluster, capacity_set):
+    pool(name="a", cluster=cluster, capacity_set=capacity_set, rank=1)
+    assert refused(lambda: pool(name="b", cluster=cluster, capacity_set=capacity_set, rank=1))
+
+
 def test_database_refuses_two_standalone_pools_on_one_rank_in_a_cluster(cluster):
-    Pool.objects.create(name="a", kind="spot", cluster=cluster, rank=1)
-    assert refused(lambda: Pool.objects.create(name="b", kind="spot", cluster=cluster, rank=1))
+    pool(name="a", cluster=cluster, rank=1)
+    assert refused(lambda: pool(name="b", cluster=cluster, rank=1))
 
 
 def test_a_set_pool_and_a_standalone_pool_may_share_a_rank(cluster, capacity_set):
-    Pool.objects.create(name="a", kind="spot", cluster=cluster, capacity_set=capacity_set, rank=1)
-    Pool.objects.create(name="b", kind="spot", cluster=cluster, rank=1)
+    pool(name="a", cluster=cluster, capacity_set=capacity_set, rank=1)
+    pool(name="b", cluster=cluster, rank=1)
     assert Pool.objects.filter(rank=1).count() == 2
+
+
+def test_a_well_formed_pool_row_is_accepted(cluster):
+    assert not refused(lambda: pool(name="p", cluster=cluster, rank=1))
 
 
 @pytest.mark.parametrize(
     "values",
-    [{"rank": 0}, {"rank": 1, "floor_gpus": -1}, {"rank": 1, "kind": "batch"}],
-    ids=["rank-zero", "negative-floor", "unknown-kind"],
+    [
+        {"rank": 0},
+        {"rank": 1, "floor_gpus": -1},
+        {"rank": 1, "kind": "batch"},
+        {"rank": 1, "fabric": "nvlink"},
+        {"rank": 1, "fabric": ""},
+    ],
+    ids=["rank-zero", "negative-floor", "unknown-kind", "unknown-fabric", "no-fabric"],
 )
 def test_database_refuses_a_malformed_pool(cluster, values):
-    values = {"name": "p", "kind": "spot", "cluster": cluster, **values}
-    assert refused(lambda: Pool.objects.create(**values))
+    assert refused(lambda: pool(name="p", cluster=cluster, **values))
 
 
 @pytest.mark.parametrize(

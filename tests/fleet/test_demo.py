@@ -92,7 +92,22 @@ def test_pools_of_all_three_kinds_are_ranked_with_floors_that_fit(loaded):
         .values_list("name", flat=True)
     ) == ["l40s-ondemand", "l40s-spot"]
     standalone = Pool.objects.filter(capacity_set=None, cluster__name="east").order_by("rank")
-    assert list(standalone.values_list("name", "rank")) == [("a100-ondemand", 1), ("a100-spot", 2)]
+    assert list(standalone.values_list("name", "rank", "gpu_model", "fabric")) == [
+        ("a100-ondemand", 1, "A100-SXM4-80GB", "nvswitch"),
+        ("a100-spot", 2, "A100-SXM4-80GB", "nvswitch"),
+        ("l4-ondemand", 3, "L4", "pcie"),
+    ]
+    # Every standalone pool rents GPUs that some standalone node of its cluster has.
+    for pool in standalone:
+        assert Node.objects.filter(
+            cluster=pool.cluster, capacity_set=None, gpu_model=pool.gpu_model, fabric=pool.fabric
+        ).exists()
+    # A set's pools rent the set's GPUs.
+    for pool in Pool.objects.exclude(capacity_set=None).select_related("capacity_set"):
+        assert (pool.gpu_model, pool.fabric) == (
+            pool.capacity_set.gpu_model,
+            pool.capacity_set.fabric,
+        )
     for capacity_set in CapacitySet.objects.all():
         floors = capacity_set.pools.aggregate(total=Sum("floor_gpus"))["total"]
         gpus = capacity_set.nodes.aggregate(total=Sum("gpu_count"))["total"]
@@ -127,7 +142,7 @@ def test_running_the_demo_twice_changes_nothing(loaded):
 
     again = demo()
 
-    assert "nothing to change, unchanged 58" in again
+    assert "nothing to change, unchanged 59" in again
     assert AuditEvent.objects.count() == events
     assert (
         list(CapacitySet.objects.order_by("name").values_list("generation", flat=True))

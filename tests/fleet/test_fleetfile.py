@@ -17,6 +17,9 @@ from gpucap.tenancy.roles import is_operator
 
 User = get_user_model()
 
+# What the standalone pools of FLEET rent.
+A100 = "gpu_model: A100-SXM4-80GB, fabric: nvswitch"
+
 FLEET = """\
 version: 1
 tenants:
@@ -58,8 +61,8 @@ pools:
   - {name: h100-ondemand, kind: on_demand, cluster: east, capacity_set: h100-east, rank: 2}
   - {name: h100-spot, kind: spot, cluster: east, capacity_set: h100-east, rank: 3, tenants: [acme, globex]}
   - {name: l40s-ondemand, kind: on_demand, cluster: east, capacity_set: l40s-east, rank: 1}
-  - {name: a100-ondemand, kind: on_demand, cluster: east, rank: 1}
-  - {name: a100-spot, kind: spot, cluster: east, rank: 2}
+  - {name: a100-ondemand, kind: on_demand, cluster: east, gpu_model: A100-SXM4-80GB, fabric: nvswitch, rank: 1}
+  - {name: a100-spot, kind: spot, cluster: east, gpu_model: A100-SXM4-80GB, fabric: nvswitch, rank: 2}
 """  # noqa: E501
 
 
@@ -170,6 +173,11 @@ def test_apply_creates_the_declared_fleet(fleet_file):
     ]
     spot = Pool.objects.get(name="h100-spot")
     assert sorted(spot.tenants.values_list("slug", flat=True)) == ["acme", "globex"]
+    # A set's pools rent the set's GPUs; a standalone pool the GPUs it names.
+    assert (spot.gpu_model, spot.fabric) == ("H100-SXM5-80GB", "nvswitch")
+    assert (Pool.objects.get(name="l40s-ondemand").fabric) == "pcie"
+    a100 = Pool.objects.get(name="a100-spot")
+    assert (a100.capacity_set, a100.gpu_model, a100.fabric) == (None, "A100-SXM4-80GB", "nvswitch")
     alice = Membership.objects.get(user__username="alice")
     assert (alice.tenant.slug, alice.role) == ("acme", "admin")
     assert is_operator(authenticate(username="ops", password="ops-pw-123"))
@@ -260,13 +268,13 @@ def test_standalone_pools_are_re_ranked_too(fleet_file):
     apply(fleet_file())
     changed = edited(
         FLEET,
-        "{name: a100-ondemand, kind: on_demand, cluster: east, rank: 1}",
-        "{name: a100-ondemand, kind: on_demand, cluster: east, rank: 2}",
+        "nvswitch, rank: 1}",
+        "nvswitch, rank: 2}",
     )
     changed = edited(
         changed,
-        "{name: a100-spot, kind: spot, cluster: east, rank: 2}",
-        "{name: a100-spot, kind: spot, cluster: east, rank: 1}",
+        "{name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}",
+        "{name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 1}",
     )
 
     apply(fleet_file(changed))
@@ -427,7 +435,9 @@ def test_apply_never_deletes_and_names_what_is_not_in_the_file(fleet_file):
         "      - {hostname: a100-001, gpu_model: A100-SXM4-80GB, fabric: nvswitch, gpus: 8}\n",
         "",
     )
-    smaller = edited(smaller, "  - {name: a100-spot, kind: spot, cluster: east, rank: 2}\n", "")
+    smaller = edited(
+        smaller, "  - {name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}\n", ""
+    )
     before = rows()
 
     output = apply(fleet_file(smaller))
@@ -448,7 +458,7 @@ def test_schema_problems_are_all_reported_at_once_with_file_item_and_reason(flee
         "      - {hostname: a100-001, gpu_model: A100-SXM4-80GB, fabric: nvswitch, gpus: 9}",
     )
     text = edited(
-        text, "kind: spot, cluster: east, rank: 2}", "kind: spotty, cluster: east, rank: 2}"
+        text, "kind: spot, cluster: east, gpu_model", "kind: spotty, cluster: east, gpu_model"
     )
     text = edited(
         text,
@@ -589,8 +599,8 @@ def test_a_rank_held_by_a_pool_not_in_the_file_is_refused(fleet_file):
     apply(fleet_file())
     text = edited(
         FLEET,
-        "  - {name: a100-spot, kind: spot, cluster: east, rank: 2}\n",
-        "  - {name: a100-batch, kind: spot, cluster: east, rank: 2}\n",
+        "  - {name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}\n",
+        "  - {name: a100-batch, kind: spot, cluster: east, " + A100 + ", rank: 2}\n",
     )
 
     message = refused(fleet_file(text))
@@ -608,13 +618,13 @@ def test_a_change_of_order_needs_ranks_one_to_n(fleet_file):
     before = rows()
     text = edited(
         FLEET,
-        "{name: a100-spot, kind: spot, cluster: east, rank: 2}",
-        "{name: a100-spot, kind: spot, cluster: east, rank: 3}",
+        "nvswitch, rank: 2}",
+        "nvswitch, rank: 3}",
     )
     text = edited(
         text,
-        "a100-ondemand, kind: on_demand, cluster: east, rank: 1",
-        "a100-ondemand, kind: on_demand, cluster: east, rank: 4",
+        "nvswitch, rank: 1}",
+        "nvswitch, rank: 4}",
     )
 
     message = refused(fleet_file(text))
@@ -673,7 +683,20 @@ def test_a_capacity_sets_mode_cannot_be_set_from_a_file(fleet_file):
             "on_demand, the file says spot)",
         ),
         (
-            "{name: a100-spot, kind: spot, cluster: east, rank: 2}",
+            "{name: a100-spot, kind: spot, cluster: east, gpu_model: A100-SXM4-80GB,",
+            "{name: a100-spot, kind: spot, cluster: east, gpu_model: A100-SXM4-40GB,",
+            "pools[5] (a100-spot): gpu_model: cannot change in place (pool a100-spot has "
+            "A100-SXM4-80GB, the file says A100-SXM4-40GB)",
+        ),
+        (
+            "{name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}",
+            "{name: a100-spot, kind: spot, cluster: east, gpu_model: A100-SXM4-80GB, "
+            "fabric: pcie, rank: 2}",
+            "pools[5] (a100-spot): fabric: cannot change in place (pool a100-spot has nvswitch, "
+            "the file says pcie)",
+        ),
+        (
+            "{name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}",
             "{name: a100-spot, kind: spot, cluster: east, capacity_set: l40s-east, rank: 2}",
             "pools[5] (a100-spot): capacity_set: cannot change in place (pool a100-spot has none, "
             "the file says l40s-east)",
@@ -742,6 +765,63 @@ def test_a_service_validation_error_names_the_item(fleet_file):
 
 
 @pytest.mark.django_db
+def test_a_standalone_pool_must_name_the_gpus_it_rents(fleet_file):
+    text = edited(FLEET, "cluster: east, " + A100 + ", rank: 2}", "cluster: east, rank: 2}")
+
+    lines = refused(fleet_file(text)).splitlines()
+
+    path = fleet_file(text)
+    assert lines[1:] == [
+        f"{path}: pools[5] (a100-spot): gpu_model: is required for a standalone pool: the GPU "
+        "model of the cluster's standalone nodes it places on",
+        f"{path}: pools[5] (a100-spot): fabric: is required for a standalone pool: the fabric "
+        "(pcie or nvswitch) of the cluster's standalone nodes it places on",
+    ]
+    assert Pool.objects.count() == 0 and Cluster.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_standalone_pools_fabric_must_be_pcie_or_nvswitch(fleet_file):
+    text = edited(FLEET, "fabric: nvswitch, rank: 2}", "fabric: nvlink, rank: 2}")
+
+    message = refused(fleet_file(text))
+
+    assert message.endswith(
+        "pools[5] (a100-spot): fabric: must be one of pcie, nvswitch; got 'nvlink'"
+    )
+    assert Pool.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_pool_in_a_set_may_name_the_sets_gpus_but_no_others(fleet_file):
+    same = edited(
+        FLEET,
+        "capacity_set: l40s-east, rank: 1}",
+        "capacity_set: l40s-east, gpu_model: L40S, fabric: pcie, rank: 1}",
+    )
+    apply(fleet_file(same))
+    assert Pool.objects.get(name="l40s-ondemand").gpu_model == "L40S"
+    assert apply(fleet_file(same)).strip() == "nothing to change, unchanged 24"
+    before = rows()
+    other = edited(
+        FLEET,
+        "capacity_set: l40s-east, rank: 1}",
+        "capacity_set: l40s-east, gpu_model: L4, fabric: nvswitch, rank: 1}",
+    )
+
+    lines = refused(fleet_file(other)).splitlines()
+
+    path = fleet_file(other)
+    assert lines[1:] == [
+        f"{path}: pools[3] (l40s-ondemand): gpu_model: a pool of l40s-east rents its L40S, not "
+        "L4; leave gpu_model out for a pool in a set",
+        f"{path}: pools[3] (l40s-ondemand): fabric: a pool of l40s-east rents its pcie, not "
+        "nvswitch; leave fabric out for a pool in a set",
+    ]
+    assert rows() == before
+
+
+@pytest.mark.django_db
 def test_references_to_unknown_sets_clusters_and_tenants_are_all_reported(fleet_file):
     text = edited(
         FLEET,
@@ -750,8 +830,8 @@ def test_references_to_unknown_sets_clusters_and_tenants_are_all_reported(fleet_
     )
     text = edited(
         text,
-        "{name: a100-spot, kind: spot, cluster: east, rank: 2}",
-        "{name: a100-spot, kind: spot, cluster: north, rank: 2, tenants: [initech]}",
+        "{name: a100-spot, kind: spot, cluster: east, " + A100 + ", rank: 2}",
+        "{name: a100-spot, kind: spot, cluster: north, " + A100 + ", rank: 2, tenants: [initech]}",
     )
 
     lines = refused(fleet_file(text)).splitlines()
@@ -824,6 +904,15 @@ def test_export_writes_the_declared_values_and_never_a_password(fleet_file):
     assert "      - {username: alice, email: alice@acme.example, role: admin}" in text
     assert "        partitions: [[0, 1, 2, 3, 4, 5, 6, 7], [0, 2], [1, 3], [4, 6], [5, 7]]" in text
     assert "mode:" not in text.replace("gpu_model:", "")
+    # Only standalone pools name the GPUs they rent; a set's pools rent the set's.
+    assert (
+        "  - name: a100-spot\n    kind: spot\n    cluster: east\n    gpu_model: A100-SXM4-80GB\n"
+        "    fabric: nvswitch\n    rank: 2\n" in text
+    )
+    assert (
+        "  - name: h100-spot\n    kind: spot\n    cluster: east\n    capacity_set: h100-east\n"
+        "    rank: 3\n" in text
+    )
 
 
 @pytest.mark.django_db

@@ -210,6 +210,9 @@ def test_capacity_set_list_shows_sets_modes_totals_and_ranked_pools(operator_cli
     assert "Dry-run" in page and "Enforcing" in page
     assert page.index("h100-inference") < page.index("h100-ondemand") < page.index("h100-spot")
     assert "a100-standalone" in page  # standalone pools get their own table
+    row = page[page.index("<strong>a100-standalone</strong>") :]
+    row = row[: row.index("</tr>")]
+    assert "<td>A100-SXM4-80GB</td>" in row and "<td>NVSwitch</td>" in row  # what it rents
     h100 = next(s for s in response.context["capacity_sets"] if s.name == "h100-east")
     assert (h100.node_count, h100.gpu_total, h100.ready_gpus, h100.failed_gpus) == (2, 16, 15, 1)
 

@@ -1,0 +1,130 @@
+"""The libvirt domain XML for a GPU VM, built with ElementTree (never by pasting strings, so an
+image name or SSH key comment cannot break out of its element).
+
+The VM's GPUs are passed through as managed PCI host devices: libvirt detaches each card from
+the host driver, binds it to vfio-pci for the guest and gives it back when the domain stops.
+"""
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+from gpucap.drivers.base import DriverError, VmSpec
+
+# gpucap's own element in the domain's <metadata>: what the guest should be given at first boot.
+METADATA_NAMESPACE = "urn:gpucap:libvirt:instance:1"
+ET.register_namespace("gpucap", METADATA_NAMESPACE)
+
+_PCI_ADDRESS = re.compile(
+    r"^(?P<domain>[0-9a-f]{4}):(?P<bus>[0-9a-f]{2}):(?P<slot>[0-1][0-9a-f])\.(?P<function>[0-7])$"
+)
+
+
+@dataclass(frozen=True)
+class DomainShape:
+    """What every domain of a cluster looks like, per GPU and overall."""
+
+    vcpus_per_gpu: int
+    memory_gib_per_gpu: int
+    domain_type: str = "kvm"
+    machine: str = "q35"
+    firmware: str = "efi"  # OVMF: data-centre GPUs' large BARs need it; or "bios"
+    network: str = "default"
+
+
+def domain_xml(
+    spec: VmSpec, *, shape: DomainShape, disk_path: str, image_path: str, uuid: str | None = None
+) -> str:
+    """The domain for ``spec``: ``disk_path`` is the VM's own qcow2 overlay on ``image_path``.
+    Redefining an existing domain must repeat its ``uuid``; a new one gets libvirt's."""
+    gpus = len(spec.gpus)
+    domain = ET.Element("domain", type=shape.domain_type)
+    ET.SubElement(domain, "name").text = spec.instance_id
+    if uuid:
+        ET.SubElement(domain, "uuid").text = uuid
+    ET.SubElement(domain, "description").text = f"gpucap {spec.role} {spec.instance_id}"
+    domain.append(_metadata(spec))
+    ET.SubElement(domain, "memory", unit="GiB").text = str(gpus * shape.memory_gib_per_gpu)
+    ET.SubElement(domain, "vcpu", placement="static").text = str(gpus * shape.vcpus_per_gpu)
+    os = ET.SubElement(domain, "os", firmware=shape.firmware)
+    ET.SubElement(os, "type", arch="x86_64", machine=shape.machine).text = "hvm"
+    features = ET.SubElement(domain, "features")
+    ET.SubElement(features, "acpi")  # the guest hears the ACPI power button: graceful stop
+    ET.SubElement(features, "apic")
+    ET.SubElement(domain, "cpu", mode="host-passthrough", check="none")
+    ET.SubElement(domain, "on_poweroff").text = "destroy"
+    ET.SubElement(domain, "on_reboot").text = "restart"
+    ET.SubElement(domain, "on_crash").text = "destroy"
+    devices = ET.SubElement(domain, "devices")
+    devices.append(_disk(disk_path, image_path))
+    interface = ET.SubElement(devices, "interface", type="network")
+    ET.SubElement(interface, "source", network=shape.network)
+    ET.SubElement(interface, "model", type="virtio")
+    for gpu in spec.gpus:
+        devices.append(_hostdev(gpu.pci_address))
+    ET.SubElement(devices, "serial", type="pty")
+    ET.SubElement(devices, "console", type="pty")
+    ET.indent(domain)
+    return ET.tostring(domain, encoding="unicode")
+
+
+def overlay_volume_xml(name: str, *, capacity_gib: int, image_path: str) -> str:
+    """A storage volume: the VM's own copy-on-write qcow2 over the shared image."""
+    volume = ET.Element("volume")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="GiB").text = str(capacity_gib)
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="qcow2")
+    backing = ET.SubElement(volume, "backingStore")
+    ET.SubElement(backing, "path").text = image_path
+    ET.SubElement(backing, "format", type="qcow2")
+    ET.indent(volume)
+    return ET.tostring(volume, encoding="unicode")
+
+
+def pci_address_parts(pci_address: str) -> dict[str, str]:
+    """``"0000:18:00.0"`` -> libvirt's ``<address>`` attributes: domain, bus, slot, function."""
+    match = _PCI_ADDRESS.match(pci_address.lower())
+    if not match:
+        raise DriverError(
+            f"GPU PCI address {pci_address!r} is not of the form dddd:bb:ss.f (e.g. 0000:18:00.0)"
+        )
+    return {name: f"0x{value}" for name, value in match.groupdict().items()}
+
+
+def _metadata(spec: VmSpec) -> ET.Element:
+    """Cloud-init-style first-boot data; a guest agent or the metadata service hands it over."""
+    metadata = ET.Element("metadata")
+    instance = ET.SubElement(metadata, _gpucap("instance"))
+    ET.SubElement(instance, _gpucap("instance-id")).text = spec.instance_id
+    ET.SubElement(instance, _gpucap("role")).text = spec.role
+    ET.SubElement(instance, _gpucap("image")).text = spec.image
+    ET.SubElement(instance, _gpucap("ssh-authorized-key")).text = spec.ssh_public_key
+    gpus = ET.SubElement(instance, _gpucap("gpus"))
+    for gpu in spec.gpus:
+        ET.SubElement(
+            gpus, _gpucap("gpu"), index=str(gpu.index), uuid=gpu.uuid, pci=gpu.pci_address
+        )
+    return metadata
+
+
+def _disk(disk_path: str, image_path: str) -> ET.Element:
+    disk = ET.Element("disk", type="file", device="disk")
+    ET.SubElement(disk, "driver", name="qemu", type="qcow2", discard="unmap")
+    ET.SubElement(disk, "source", file=disk_path)
+    backing = ET.SubElement(disk, "backingStore", type="file")
+    ET.SubElement(backing, "format", type="qcow2")
+    ET.SubElement(backing, "source", file=image_path)
+    ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    return disk
+
+
+def _hostdev(pci_address: str) -> ET.Element:
+    hostdev = ET.Element("hostdev", mode="subsystem", type="pci", managed="yes")
+    source = ET.SubElement(hostdev, "source")
+    ET.SubElement(source, "address", **pci_address_parts(pci_address))
+    return hostdev
+
+
+def _gpucap(tag: str) -> str:
+    return f"{{{METADATA_NAMESPACE}}}{tag}"

@@ -1,0 +1,225 @@
+"""REST API for GPU VMs: ``/api/vms/``.
+
+Tenant-scoped: a member lists and acts on the VMs of their own tenants, and another tenant's VM
+id answers 404 as if it did not exist; operators see every VM. Creating a VM requests it
+(``vm_request``), DELETE terminates it, and the commands stop, start and (operators only) place
+it. Every change goes through ``gpucap.rentals.services``; the serializers here check only a
+request's shape. Driver work happens later in Celery, so changes answer 202 with the VM as it
+is now.
+"""
+
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from gpucap.api import IsOperator
+from gpucap.fleet.api import InputSerializer, ServiceWrites
+from gpucap.fleet.models import Node, Pool
+from gpucap.rentals import selectors, services
+from gpucap.rentals.filters import VirtualMachineFilter
+from gpucap.rentals.models import VirtualMachine
+from gpucap.tenancy.models import Tenant
+from gpucap.tenancy.roles import is_operator, tenant_ids_for
+
+# --- read -------------------------------------------------------------------------------------
+
+
+class VirtualMachineSerializer(serializers.ModelSerializer):
+    instance_id = serializers.CharField(read_only=True, help_text="The id guests see, e.g. vm-42.")
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    # A plain string: the pool's kind enum is documented once, on the pool.
+    pool_kind = serializers.CharField(
+        source="pool.kind", read_only=True, help_text="on_demand, spot or inference"
+    )
+    gpu_model = serializers.CharField(source="pool.gpu_model", read_only=True)
+    node_hostname = serializers.CharField(
+        source="node.hostname", read_only=True, allow_null=True, default=None
+    )
+    gpus = serializers.SerializerMethodField(
+        help_text="Indices of the GPUs of `node` the VM holds now; empty when it holds none."
+    )
+
+    class Meta:
+        model = VirtualMachine
+        fields = [
+            "id",
+            "instance_id",
+            "name",
+            "tenant",
+            "pool",
+            "pool_name",
+            "pool_kind",
+            "gpu_model",
+            "role",
+            "gpu_count",
+            "image",
+            "ssh_public_key",
+            "state",
+            "stop_reason",
+            "failure_reason",
+            "node",
+            "node_hostname",
+            "gpus",
+            "ip_address",
+            "requested_at",
+            "started_at",
+            "stopped_at",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
+    def get_gpus(self, vm: VirtualMachine) -> list[int]:
+        return selectors.gpu_indices(vm)
+
+
+# --- input shapes -----------------------------------------------------------------------------
+
+
+class VmRequestSerializer(InputSerializer):
+    """A VM request. Which pools a tenant may use and which GPU counts a pool's fabric allows
+    are the service's rules; its reasons come back naming the field."""
+
+    hints = {
+        "state": "a new VM starts pending; change it with the stop/start commands",
+        "node": "placement is decided by gpucap (operators may use the place command)",
+    }
+
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug",
+        queryset=Tenant.objects.none(),
+        required=False,
+        help_text="Slug of the tenant the VM is for. Needed only when you are a member of "
+        "several tenants (operators always name one).",
+        error_messages={"does_not_exist": "no tenant {value} that you may request VMs for"},
+    )
+    pool = serializers.PrimaryKeyRelatedField(
+        queryset=Pool.objects.none(),
+        help_text="Id of a pool your tenant may use (GET /api/pools/).",
+        error_messages={"does_not_exist": "no pool {pk_value} that your tenant may use"},
+    )
+    name = serializers.CharField(
+        max_length=63, help_text="1-63 lowercase letters, digits or hyphens; unique per tenant."
+    )
+    gpu_count = serializers.IntegerField(
+        help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition)."
+    )
+    image = serializers.CharField(max_length=200, help_text="e.g. ubuntu-24.04-cuda-12.6")
+    ssh_public_key = serializers.CharField(help_text="One OpenSSH public key line.")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is None:
+            return
+        if is_operator(request.user):
+            self.fields["tenant"].queryset = Tenant.objects.all()
+            self.fields["pool"].queryset = Pool.objects.all()
+        else:
+            tenant_ids = tenant_ids_for(request.user)
+            self.fields["tenant"].queryset = Tenant.objects.filter(pk__in=tenant_ids)
+            self.fields["pool"].queryset = Pool.objects.filter(tenants__in=tenant_ids).distinct()
+
+
+class VmPlaceSerializer(InputSerializer):
+    node = serializers.PrimaryKeyRelatedField(queryset=Node.objects.all(), help_text="Node id.")
+    gpus = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=7),
+        allow_empty=False,
+        help_text="Indices of the node's GPUs to give the VM: as many as its gpu_count, and on "
+        "NVSwitch nodes one whole partition of the node's table.",
+    )
+
+
+# --- the viewset ------------------------------------------------------------------------------
+
+_VM_NOW = "The VM as it is now; the driver acts on it shortly after."
+
+
+@extend_schema_view(
+    create=extend_schema(
+        request=VmRequestSerializer,
+        responses={201: VirtualMachineSerializer},
+        description="Request a GPU VM. It starts pending and is placed when capacity is free.",
+    ),
+    destroy=extend_schema(
+        request=None,
+        responses={202: VirtualMachineSerializer},
+        description="Terminate the VM: a VM holding GPUs is stopped first, then destroyed with "
+        "its disk. Terminating a terminated VM changes nothing. " + _VM_NOW,
+    ),
+)
+class VirtualMachineViewSet(
+    ServiceWrites,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """GPU VMs: a member's own tenants' VMs; every VM for operators."""
+
+    serializer_class = VirtualMachineSerializer
+    filterset_class = VirtualMachineFilter
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return selectors.vms_with_gpus()
+        return selectors.vms_visible_to(self.request.user).order_by("-created_at", "-id")
+
+    def create(self, request, *args, **kwargs):
+        data = self.validated(VmRequestSerializer, request.data)
+        tenant = data.pop("tenant", None) or self._only_tenant()
+        vm = services.vm_request(tenant=tenant, actor=request.user, **data)
+        return Response(self.read(vm), status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, *args, **kwargs):
+        vm = services.vm_terminate(vm=self.get_object(), actor=request.user)
+        return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: VirtualMachineSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Stop a VM that holds GPUs: they are released, its disk is kept, and start asks for
+        capacity again. Stopping a VM that is not running is refused (409)."""
+        vm = services.vm_stop(vm=self.get_object(), actor=request.user)
+        return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: VirtualMachineSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        """Start a stopped (or failed) VM: it goes back to pending and waits for capacity."""
+        vm = services.vm_start(vm=self.get_object(), actor=request.user)
+        return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=VmPlaceSerializer, responses={202: VirtualMachineSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def place(self, request, pk=None):
+        """Operators: give a pending VM these GPUs of a node and start provisioning it. GPUs
+        another VM took first are refused (409)."""
+        vm = self.get_object()
+        data = self.validated(VmPlaceSerializer, request.data)
+        placed = services.vm_place(
+            vm=vm,
+            node=data["node"],
+            gpu_indices=data["gpus"],
+            actor=request.user,
+            message="placed by an operator through the API",
+        )
+        return Response(self.read(placed), status=status.HTTP_202_ACCEPTED)
+
+    def _only_tenant(self) -> Tenant:
+        """The tenant a request that names none is for: the member's only tenant."""
+        if is_operator(self.request.user):
+            raise ValidationError({"tenant": ["operators must name the tenant the VM is for"]})
+        tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(self.request.user)))
+        if len(tenants) == 1:
+            return tenants[0]
+        if not tenants:
+            raise ValidationError({"tenant": ["you are not a member of any tenant"]})
+        slugs = ", ".join(sorted(t.slug for t in tenants))
+        raise ValidationError(
+            {"tenant": [f"you are a member of several tenants ({slugs}); name one"]}
+        )

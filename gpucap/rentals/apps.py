@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RentalsConfig(AppConfig):
+    name = "gpucap.rentals"
+    verbose_name = "Rentals"

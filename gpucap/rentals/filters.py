@@ -1,0 +1,17 @@
+"""django-filter FilterSets for the VM API. Every filter narrows the VMs the user may already
+see: a member filtering by another tenant's slug gets an empty list, not a hint that it exists."""
+
+import django_filters
+
+from gpucap.fleet.filters import IdFilter
+from gpucap.rentals.models import VirtualMachine
+
+
+class VirtualMachineFilter(django_filters.FilterSet):
+    tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
+    pool = IdFilter(field_name="pool_id", label="Pool id")
+    node = IdFilter(field_name="node_id", label="Node id (where the VM holds or last held GPUs)")
+
+    class Meta:
+        model = VirtualMachine
+        fields = {"state": ["exact"], "role": ["exact"]}

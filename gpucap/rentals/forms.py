@@ -1,0 +1,92 @@
+"""Forms of the VM pages. They check the shape of what was typed; the rules (which GPU counts a
+fabric allows, which pools a tenant may use, what a name or SSH key looks like) are the
+service's, and its errors land next to the fields they name."""
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from gpucap.fleet.models import Fabric, Pool
+from gpucap.rentals import selectors
+from gpucap.rentals.models import VirtualMachine
+from gpucap.tenancy.models import Tenant
+
+
+class PoolChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, pool: Pool) -> str:
+        fabric = Fabric(pool.fabric).label
+        return f"{pool.name} · {pool.get_kind_display()} · {pool.gpu_model} {fabric}"
+
+
+class VmRequestForm(forms.Form):
+    pool = PoolChoiceField(
+        queryset=Pool.objects.none(),
+        empty_label=None,
+        error_messages={"invalid_choice": "is not a pool your tenant may rent VMs in"},
+    )
+    name = forms.CharField(
+        max_length=63,
+        help_text="Lowercase letters, digits and hyphens, e.g. train-01.",
+        widget=forms.TextInput(attrs={"placeholder": "train-01", "autocomplete": "off"}),
+    )
+    gpu_count = forms.IntegerField(
+        label="GPUs",
+        initial=1,
+        help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition).",
+        widget=forms.NumberInput(attrs={"min": 1, "max": 8}),
+    )
+    image = forms.CharField(
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "ubuntu-24.04-cuda-12.6"}),
+    )
+    ssh_public_key = forms.CharField(
+        label="SSH public key",
+        help_text="One OpenSSH public key line.",
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "placeholder": "ssh-ed25519 AAAA... you@laptop",
+                "spellcheck": "false",
+            }
+        ),
+    )
+
+    def __init__(self, data=None, *, tenant: Tenant) -> None:
+        super().__init__(data)
+        pool = self.fields["pool"]
+        pool.queryset = selectors.requestable_pools(tenant=tenant)
+        # Read the pools once: the page both asks whether there are any and lists them.
+        self.pools = list(pool.queryset)
+        pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
+
+    def add_service_errors(self, error: ValidationError) -> None:
+        """Put a service's ``ValidationError`` next to the fields it names."""
+        if not hasattr(error, "error_dict"):
+            self.add_error(None, error)
+            return
+        for field, errors in error.error_dict.items():
+            self.add_error(field if field in self.fields else None, errors)
+
+
+class VmFilterForm(forms.Form):
+    """The operator list's filters. Choices come from the data, so a stale link that names a
+    tenant or pool that no longer exists says so instead of silently showing everything."""
+
+    tenant = forms.ChoiceField(required=False)
+    pool = forms.ChoiceField(required=False)
+    state = forms.ChoiceField(required=False)
+    node = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+
+    def __init__(self, data, *, options: selectors.VmFilterOptions) -> None:
+        super().__init__(data)
+        self.fields["tenant"].choices = [("", "All tenants"), *options.tenants]
+        self.fields["pool"].choices = [("", "All pools"), *[(p, p) for p in options.pools]]
+        self.fields["state"].choices = [
+            (selectors.LIVE, "Any but terminated"),
+            *VirtualMachine.State.choices,
+        ]
+        self.fields["node"].choices = [("", "All nodes"), *options.nodes]
+
+    def filters(self) -> dict:
+        """The valid filters; an invalid one is dropped (and reported through ``errors``)."""
+        self.is_valid()
+        return {name: value for name, value in self.cleaned_data.items() if value not in ("", None)}

@@ -1,0 +1,144 @@
+"""Tenants' GPU VMs and the GPUs they hold.
+
+A GPU is held by at most one live allocation: a partial unique index in PostgreSQL, so two
+workers placing at once can never both win a card, whatever the code does.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from gpucap.fleet.models import Gpu, Node, Pool
+from gpucap.tenancy.models import Tenant
+
+
+class VirtualMachine(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PROVISIONING = "provisioning", "Provisioning"
+        RUNNING = "running", "Running"
+        NOTIFIED = "notified", "Notified"
+        STOPPING = "stopping", "Stopping"
+        STOPPED = "stopped", "Stopped"
+        FAILED = "failed", "Failed"
+        TERMINATED = "terminated", "Terminated"
+
+    class Role(models.TextChoices):
+        RENTAL = "rental", "Rental"
+        INFERENCE_REPLICA = "inference_replica", "Inference replica"
+
+    class StopReason(models.TextChoices):
+        OWNER = "owner", "Stopped by its owner"  # -> stopped; the owner may start it again
+        TERMINATE = "terminate", "Terminated by its owner"  # -> destroyed, terminated
+        PREEMPTED = "preempted", "Preempted"  # spot -> pending (resumes when capacity returns)
+        RECLAIMED = "reclaimed", "Reclaimed after a notice"  # spot -> pending; else stopped
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="vms")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="vms")
+    name = models.CharField(max_length=63)
+    role = models.CharField(max_length=32, choices=Role.choices, default=Role.RENTAL)
+    gpu_count = models.PositiveSmallIntegerField()
+    image = models.CharField(max_length=200)
+    ssh_public_key = models.TextField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="vms",
+        help_text="Where the VM holds (or last held) its GPUs.",
+    )
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    stop_reason = models.CharField(
+        max_length=16,
+        choices=StopReason.choices,
+        blank=True,
+        help_text="Why the VM is stopping; decides where it goes once stopped.",
+    )
+    preempted_for = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="victims",
+        help_text="The VM whose placement this VM is being stopped for: its GPUs are reserved "
+        "for that VM, and that VM gets no further victims while this one stops.",
+    )
+    failure_reason = models.TextField(blank=True)
+    requested_at = models.DateTimeField(
+        help_text="When the VM (last) asked for capacity: its place in the queue."
+    )
+    started_at = models.DateTimeField(null=True, blank=True, help_text="Running since.")
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "pool", "requested_at"]),
+            models.Index(fields=["tenant", "state"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    state__in=[
+                        "pending",
+                        "provisioning",
+                        "running",
+                        "notified",
+                        "stopping",
+                        "stopped",
+                        "failed",
+                        "terminated",
+                    ]
+                ),
+                name="vm_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=["rental", "inference_replica"]), name="vm_role_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_count__gte=1) & Q(gpu_count__lte=8), name="vm_gpu_count_range"
+            ),
+            # A VM that holds GPUs is on a node.
+            models.CheckConstraint(
+                condition=~Q(state__in=["provisioning", "running", "notified", "stopping"])
+                | Q(node__isnull=False),
+                name="vm_holding_gpus_has_node",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id} ({self.name})"
+
+    @property
+    def instance_id(self) -> str:
+        """The id guests and APIs show, e.g. ``vm-42``."""
+        return f"vm-{self.pk}"
+
+
+class Allocation(models.Model):
+    """A VM holding one GPU, from ``created_at`` until ``released_at``."""
+
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu__node_id", "gpu__index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=Q(released_at__isnull=True),
+                name="allocation_one_live_holder_per_gpu",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vm} holds {self.gpu}"

@@ -1,0 +1,403 @@
+"""Every change to a VM goes through here. ``vm_transition`` is the one place a VM changes
+state: it locks the row, refuses an illegal move with a clear error, releases GPUs and closes
+usage when the VM stops holding them, and writes the audit event. Driver work is enqueued after
+commit, never done here."""
+
+import re
+from collections.abc import Iterable
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gpucap.arbiter.model import Node as ArbiterNode
+from gpucap.arbiter.topology import gpu_count_problem, partition_table
+from gpucap.audit.services import Actor, audit_record
+from gpucap.errors import Conflict
+from gpucap.fleet.models import Gpu, Node, Pool
+from gpucap.fleet.services import capacity_set_bump
+from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.tenancy.models import Tenant
+from gpucap.usage.models import UsageInterval
+
+State = VirtualMachine.State
+StopReason = VirtualMachine.StopReason
+
+# Legal moves (DESIGN.md section 4). Anything else is an error, never a silent change.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    State.PENDING: frozenset({State.PROVISIONING, State.TERMINATED, State.FAILED}),
+    State.PROVISIONING: frozenset({State.RUNNING, State.STOPPING, State.FAILED}),
+    State.RUNNING: frozenset({State.NOTIFIED, State.STOPPING, State.FAILED}),
+    State.NOTIFIED: frozenset({State.STOPPING, State.FAILED}),
+    State.STOPPING: frozenset({State.STOPPED, State.PENDING, State.TERMINATED, State.FAILED}),
+    State.STOPPED: frozenset({State.PENDING, State.TERMINATED}),
+    State.FAILED: frozenset({State.PENDING, State.TERMINATED}),
+    State.TERMINATED: frozenset(),
+}
+# States in which a VM holds GPUs (has live allocations and an open usage interval).
+HOLDING = frozenset({State.PROVISIONING, State.RUNNING, State.NOTIFIED, State.STOPPING})
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com"
+    r"|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( \S.*)?$"
+)
+
+
+class IllegalTransition(Conflict):
+    def __init__(self, vm: VirtualMachine, to: str) -> None:
+        super().__init__(
+            f"{vm.instance_id} is {vm.state}; it cannot become {to}", code="illegal_transition"
+        )
+
+
+# --- the one transition ------------------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_transition(
+    *,
+    vm: VirtualMachine,
+    to: str,
+    actor: Actor = None,
+    message: str = "",
+    **changes,
+) -> VirtualMachine:
+    """Move ``vm`` to state ``to`` under a row lock, with ``changes`` to other fields."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    if to not in TRANSITIONS[locked.state]:
+        raise IllegalTransition(locked, to)
+    before = {"state": locked.state}
+    now = timezone.now()
+    if to == State.RUNNING:
+        changes.setdefault("started_at", now)
+    if to in (State.STOPPED, State.FAILED, State.TERMINATED) and locked.state in HOLDING:
+        changes.setdefault("stopped_at", now)
+    if to == State.PENDING:
+        changes.setdefault("requested_at", now)
+    if to not in (State.STOPPING, State.NOTIFIED):
+        changes.setdefault("stop_reason", "")
+        changes.setdefault("preempted_for", None)
+    after = {"state": to}
+    for field, value in changes.items():
+        if getattr(locked, field) != value and field != "requested_at":
+            before[field], after[field] = _plain(getattr(locked, field)), _plain(value)
+        setattr(locked, field, value)
+    locked.state = to
+    locked.save()
+    if before["state"] in HOLDING and to not in HOLDING:
+        _release(locked, at=now)
+    audit_record(
+        actor=actor, verb=f"vm.{to}", target=locked, before=before, after=after, message=message
+    )
+    _plan_inputs_changed(locked)
+    vm.__dict__.update(locked.__dict__)
+    return locked
+
+
+def _plain(value):
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "pk"):
+        return str(value)
+    return value
+
+
+def _release(vm: VirtualMachine, *, at) -> None:
+    Allocation.objects.filter(vm=vm, released_at=None).update(released_at=at)
+    UsageInterval.objects.filter(vm=vm, ended_at=None).update(ended_at=at)
+
+
+def _plan_inputs_changed(vm: VirtualMachine) -> None:
+    """A VM's move changes demand or free capacity: bump its set's generation."""
+    capacity_set_id = Pool.objects.filter(pk=vm.pool_id).values_list("capacity_set_id", flat=True)
+    capacity_set_bump(capacity_set_id=capacity_set_id.first())
+
+
+def _enqueue(task_name: str, *args) -> None:
+    """Send a driver task once the transaction commits (tasks load by id and are idempotent)."""
+    from gpucap.celery import app
+
+    transaction.on_commit(lambda: app.send_task(task_name, args=list(args)))
+
+
+# --- requests from tenants ---------------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_request(
+    *,
+    tenant: Tenant,
+    pool: Pool,
+    name: str,
+    gpu_count: int,
+    image: str,
+    ssh_public_key: str,
+    actor: Actor = None,
+    role: str = VirtualMachine.Role.RENTAL,
+) -> VirtualMachine:
+    """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found."""
+    errors: dict[str, str] = {}
+    if not pool.tenants.filter(pk=tenant.pk).exists():
+        errors["pool"] = f"tenant {tenant.slug} may not use pool {pool.name}"
+    elif pool.kind == Pool.Kind.INFERENCE and role == VirtualMachine.Role.RENTAL:
+        errors["pool"] = f"pool {pool.name} serves inference deployments, not rentals"
+    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool):
+        errors["gpu_count"] = f"must be a whole number of GPUs, got {gpu_count!r}"
+    else:
+        problem = gpu_count_problem(pool.fabric, gpu_count)
+        if problem:
+            errors["gpu_count"] = f"pool {pool.name}: {problem}"
+    if not isinstance(name, str) or not _NAME.match(name):
+        errors["name"] = (
+            "must be 1-63 lowercase letters, digits or hyphens, starting and ending with a "
+            "letter or digit"
+        )
+    elif (
+        VirtualMachine.objects.filter(tenant=tenant, name=name)
+        .exclude(state=State.TERMINATED)
+        .exists()
+    ):
+        errors["name"] = f"your tenant already has a VM named {name!r}"
+    if not isinstance(image, str) or not image.strip():
+        errors["image"] = "is required (e.g. ubuntu-24.04-cuda-12.6)"
+    if not isinstance(ssh_public_key, str) or not _SSH_KEY.match(ssh_public_key.strip()):
+        errors["ssh_public_key"] = (
+            "must be one OpenSSH public key line, e.g. 'ssh-ed25519 AAAA... you@laptop'"
+        )
+    if errors:
+        raise ValidationError(errors)
+    vm = VirtualMachine.objects.create(
+        tenant=tenant,
+        pool=pool,
+        name=name,
+        role=role,
+        gpu_count=gpu_count,
+        image=image.strip(),
+        ssh_public_key=ssh_public_key.strip(),
+        requested_at=timezone.now(),
+        created_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    audit_record(
+        actor=actor,
+        verb="vm.request",
+        target=vm,
+        after={"pool": pool.name, "gpu_count": gpu_count, "image": vm.image},
+    )
+    _plan_inputs_changed(vm)
+    _demand_changed(pool)
+    return vm
+
+
+def _demand_changed(pool: Pool) -> None:
+    """Standalone pools place at once; set pools wait for the arbiter (a later stage)."""
+    if pool.capacity_set_id is None:
+        _enqueue("rentals.standalone_place", pool.cluster_id)
+
+
+# --- placement ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_place(
+    *,
+    vm: VirtualMachine,
+    node: Node,
+    gpu_indices: Iterable[int],
+    actor: Actor = None,
+    message: str = "",
+) -> VirtualMachine:
+    """Give a pending VM these GPUs of ``node`` and start provisioning it. Two placements racing
+    for one GPU: the database lets exactly one win; the other gets a Conflict."""
+    indices = sorted(set(gpu_indices))
+    node = Node.objects.get(pk=node.pk)  # decide on the node as it is now, not as passed in
+    problem = _placement_problem(vm=vm, node=node, indices=indices)
+    if problem:
+        raise ValidationError(problem)
+    gpus = list(Gpu.objects.filter(node=node, index__in=indices).order_by("index"))
+    failed = [g.index for g in gpus if g.health != Gpu.Health.OK]
+    if failed:
+        raise Conflict(f"GPU {failed[0]} of {node.hostname} has failed", code="gpu_failed")
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_create(Allocation(vm=vm, gpu=gpu) for gpu in gpus)
+    except IntegrityError:
+        raise Conflict(
+            f"GPUs {indices} of {node.hostname} are no longer free", code="gpus_taken"
+        ) from None
+    placed = vm_transition(
+        vm=vm, to=State.PROVISIONING, actor=actor, message=message, node=node, failure_reason=""
+    )
+    UsageInterval.objects.create(
+        tenant_id=placed.tenant_id,
+        vm=placed,
+        pool_kind=placed.pool.kind,
+        gpu_model=node.gpu_model,
+        gpu_count=placed.gpu_count,
+        started_at=timezone.now(),
+    )
+    _enqueue("rentals.vm_provision", placed.pk)
+    return placed
+
+
+def _placement_problem(*, vm: VirtualMachine, node: Node, indices: list[int]) -> dict:
+    """Why ``vm`` may not take GPUs ``indices`` of ``node`` (DESIGN.md section 2), or {}."""
+    pool = vm.pool
+    if node.cluster_id != pool.cluster_id or node.capacity_set_id != pool.capacity_set_id:
+        where = (
+            f"capacity set {pool.capacity_set.name}"
+            if pool.capacity_set_id
+            else ("the standalone nodes of its cluster")
+        )
+        return {"node": f"pool {pool.name} places only on {where}; {node.hostname} is not one"}
+    if (node.gpu_model, node.fabric) != (pool.gpu_model, pool.fabric):
+        return {
+            "node": f"pool {pool.name} rents {pool.gpu_model} ({pool.fabric}); "
+            f"{node.hostname} has {node.gpu_model} ({node.fabric})"
+        }
+    if node.state != Node.State.READY:
+        return {"node": f"node {node.hostname} is {node.state}; only ready nodes take new VMs"}
+    if len(indices) != vm.gpu_count:
+        return {"gpus": f"{vm.instance_id} needs {vm.gpu_count} GPUs, got {len(indices)}"}
+    table = partition_table(
+        ArbiterNode(
+            name=node.hostname,
+            gpus=node.gpu_count,
+            partitions=tuple(tuple(sorted(b)) for b in node.partitions)
+            if node.partitions
+            else None,
+        ),
+        node.fabric,
+    )
+    if tuple(indices) not in {tuple(sorted(block)) for block in table}:
+        return {
+            "gpus": f"GPUs {indices} are not a partition of {node.hostname}'s "
+            f"{'NVLink partition table' if node.fabric == 'nvswitch' else 'cards'}"
+        }
+    return {}
+
+
+# --- owner actions -----------------------------------------------------------------------------
+
+
+def vm_stop(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
+    """The owner stops a running VM; it keeps its disk and may be started again."""
+    return _stop(vm=vm, reason=StopReason.OWNER, actor=actor)
+
+
+def vm_preempt(
+    *, vm: VirtualMachine, for_vm: VirtualMachine, actor: Actor = None
+) -> VirtualMachine:
+    """Stop a standalone spot VM at once, with no notice, for a higher-priority placement
+    (as Kubernetes scheduler preemption does). It resumes when capacity returns."""
+    return _stop(
+        vm=vm,
+        reason=StopReason.PREEMPTED,
+        actor=actor,
+        preempted_for=for_vm,
+        message=f"preempted without notice for {for_vm.instance_id} (pool {for_vm.pool.name}, "
+        f"rank {for_vm.pool.rank}) outside a capacity set",
+    )
+
+
+@transaction.atomic
+def _stop(
+    *,
+    vm: VirtualMachine,
+    reason: str,
+    actor: Actor,
+    message: str = "",
+    preempted_for: VirtualMachine | None = None,
+) -> VirtualMachine:
+    stopped = vm_transition(
+        vm=vm,
+        to=State.STOPPING,
+        actor=actor,
+        message=message,
+        stop_reason=reason,
+        preempted_for=preempted_for,
+    )
+    _enqueue("rentals.vm_stop", stopped.pk)
+    return stopped
+
+
+@transaction.atomic
+def vm_start(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
+    """The owner starts a stopped VM: it asks for capacity again."""
+    started = vm_transition(vm=vm, to=State.PENDING, actor=actor)
+    _demand_changed(started.pool)
+    return started
+
+
+@transaction.atomic
+def vm_terminate(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
+    """The owner deletes a VM: stop it if it holds GPUs, then destroy it."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    if locked.state == State.TERMINATED:
+        return locked
+    if locked.state in (State.PENDING, State.STOPPED, State.FAILED):
+        terminated = vm_transition(vm=locked, to=State.TERMINATED, actor=actor)
+        if terminated.node_id is not None:
+            _enqueue("rentals.vm_destroy", terminated.pk)
+        return terminated
+    if locked.state == State.STOPPING:
+        VirtualMachine.objects.filter(pk=locked.pk).update(stop_reason=StopReason.TERMINATE)
+        audit_record(
+            actor=actor, verb="vm.terminate", target=locked, message="terminate once stopped"
+        )
+        locked.stop_reason = StopReason.TERMINATE
+        return locked
+    return _stop(vm=locked, reason=StopReason.TERMINATE, actor=actor)
+
+
+# --- what the driver reports (called by tasks) -------------------------------------------------
+
+
+@transaction.atomic
+def vm_mark_running(*, vm: VirtualMachine, ip_address: str) -> VirtualMachine:
+    """The driver says the VM booted. Harmless to call twice."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    if locked.state != State.PROVISIONING:
+        return locked
+    return vm_transition(vm=locked, to=State.RUNNING, ip_address=ip_address)
+
+
+@transaction.atomic
+def vm_mark_stopped(*, vm: VirtualMachine) -> VirtualMachine:
+    """The driver says the VM is off. Where it goes depends on why it stopped: an owner's stop
+    ends in ``stopped``; a spot VM that was preempted or reclaimed goes back to ``pending`` and
+    resumes when capacity returns; a terminate goes on to destroy. Harmless to call twice."""
+    locked = VirtualMachine.objects.select_for_update().select_related("pool").get(pk=vm.pk)
+    if locked.state != State.STOPPING:
+        return locked
+    reason = locked.stop_reason
+    if reason == StopReason.TERMINATE:
+        done = vm_transition(vm=locked, to=State.TERMINATED)
+        _enqueue("rentals.vm_destroy", done.pk)
+        return done
+    resumes = locked.pool.kind == Pool.Kind.SPOT and reason in (
+        StopReason.PREEMPTED,
+        StopReason.RECLAIMED,
+    )
+    if resumes:
+        done = vm_transition(
+            vm=locked, to=State.PENDING, message="spot VM resumes when capacity returns"
+        )
+        _demand_changed(done.pool)
+        return done
+    done = vm_transition(vm=locked, to=State.STOPPED)
+    _demand_changed(done.pool)
+    return done
+
+
+@transaction.atomic
+def vm_mark_failed(*, vm: VirtualMachine, reason: str) -> VirtualMachine:
+    """The driver gave up (after retries). The VM's GPUs are released. Harmless twice."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    if State.FAILED not in TRANSITIONS[locked.state]:
+        return locked  # failed already, or stopped/terminated meanwhile: a late report
+    failed = vm_transition(
+        vm=locked, to=State.FAILED, failure_reason=reason[:2000], message=reason[:500]
+    )
+    _demand_changed(failed.pool)
+    return failed

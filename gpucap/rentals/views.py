@@ -1,0 +1,159 @@
+"""VM pages: a tenant's VMs with the request form, every VM for operators, and one VM's detail
+with stop / start / terminate.
+
+A tenant's pages carry its slug (``/tenants/acme/vms/``), so a member of several tenants always
+knows which one a new VM is for. A VM's own page (``/vms/42/``) is shared by its tenant's
+members and operators; anyone else gets a 404. Views adapt the request and call selectors or
+services; the lifecycle's rules live in ``gpucap.rentals.services``.
+"""
+
+from collections.abc import Callable
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gpucap.errors import Conflict
+from gpucap.rentals import selectors, services
+from gpucap.rentals.forms import VmFilterForm, VmRequestForm
+from gpucap.rentals.models import VirtualMachine
+from gpucap.tenancy import selectors as tenancy
+from gpucap.tenancy.decorators import render_page
+from gpucap.tenancy.roles import is_operator, tenant_ids_for
+
+# An HTMX event the request form sends so the VM table refreshes at once.
+VMS_CHANGED = "vms-changed"
+
+
+@require_GET
+@login_required
+def vm_list(request: HttpRequest) -> HttpResponse:
+    """Operators: every VM, filtered. A tenant member: their tenant's VMs (a member of several
+    picks the tenant first)."""
+    if not is_operator(request.user):
+        tenants = tenancy.tenants_for(request.user)
+        if len(tenants) == 1:
+            return redirect("rentals:tenant-vms", slug=tenants[0].slug)
+        return render(request, "rentals/pick_tenant.html", {"nav": "vms", "tenants": tenants})
+    form = VmFilterForm(request.GET, options=selectors.vm_filter_options())
+    filters = form.filters()
+    page = selectors.vm_page(**filters, page=request.GET.get("page", 1))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "nav": "vms",
+        "form": form,
+        "filtered": bool(filters),
+        "page": page,
+        "query": query.urlencode(),
+        "polling_fast": any(vm.state in selectors.TRANSITIONAL for vm in page.object_list),
+    }
+    return render_page(request, "rentals/vm_list.html", context, fragment="vm-table")
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def tenant_vms(request: HttpRequest, slug: str) -> HttpResponse:
+    """A tenant's VMs and the form to request one. Operators look in read-only."""
+    tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
+    is_member = tenant.pk in tenant_ids_for(request.user)
+    include_terminated = request.GET.get("terminated") == "1"
+    if request.method == "POST":
+        if not is_member:
+            raise PermissionDenied("Operators do not request VMs for a tenant.")
+        return _vm_request(request, tenant, include_terminated=include_terminated)
+    form = VmRequestForm(tenant=tenant) if is_member else None
+    context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
+    return render_page(request, "rentals/tenant_vms.html", context, fragment="vm-table")
+
+
+def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> HttpResponse:
+    form = VmRequestForm(request.POST, tenant=tenant)
+    if form.is_valid():
+        try:
+            vm = services.vm_request(tenant=tenant, actor=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_service_errors(exc)
+        else:
+            if not request.htmx:
+                return redirect("rentals:tenant-vms", slug=tenant.slug)
+            context = _tenant_context(
+                request, tenant, VmRequestForm(tenant=tenant), include_terminated=False
+            )
+            context["requested"] = vm
+            response = render_page(
+                request, "rentals/tenant_vms.html", context, fragment="vm-request"
+            )
+            response["HX-Trigger"] = VMS_CHANGED
+            return response
+    context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
+    return render_page(
+        request, "rentals/tenant_vms.html", context, fragment="vm-request", status=400
+    )
+
+
+def _tenant_context(request, tenant, form, *, include_terminated: bool) -> dict:
+    listing = selectors.tenant_vms(tenant=tenant, include_terminated=include_terminated)
+    return {"nav": "vms", "tenant": tenant, "listing": listing, "form": form}
+
+
+# --- one VM -----------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def vm_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    vm = selectors.vm_visible_to(user=request.user, pk=pk)
+    return render_page(
+        request, "rentals/vm_detail.html", _vm_context(request, vm), fragment="vm-live"
+    )
+
+
+@require_POST
+@login_required
+def vm_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    return _vm_act(request, pk, services.vm_stop)
+
+
+@require_POST
+@login_required
+def vm_start(request: HttpRequest, pk: int) -> HttpResponse:
+    return _vm_act(request, pk, services.vm_start)
+
+
+@require_POST
+@login_required
+def vm_terminate(request: HttpRequest, pk: int) -> HttpResponse:
+    return _vm_act(request, pk, services.vm_terminate)
+
+
+def _vm_act(request: HttpRequest, pk: int, act: Callable[..., VirtualMachine]) -> HttpResponse:
+    """Call the service; answer with the refreshed VM, or the reason nothing changed."""
+    vm = selectors.vm_visible_to(user=request.user, pk=pk)
+    error, status = "", 200
+    try:
+        act(vm=vm, actor=request.user)
+    except Conflict as exc:
+        error, status = exc.message, 409
+    except ValidationError as exc:
+        error, status = "; ".join(exc.messages), 400
+    if status == 200 and not request.htmx:
+        return redirect("rentals:vm-detail", pk=pk)
+    vm = selectors.vm_visible_to(user=request.user, pk=pk)
+    context = {**_vm_context(request, vm), "error": error}
+    return render_page(
+        request, "rentals/vm_detail.html", context, fragment="vm-live", status=status
+    )
+
+
+def _vm_context(request: HttpRequest, vm: VirtualMachine) -> dict:
+    return {
+        "nav": "vms",
+        "vm": vm,
+        "gpus": vm.live_allocations,
+        "actions": selectors.vm_actions(vm),
+        "events": selectors.vm_trail(vm=vm, user=request.user),
+        "polling_fast": vm.state in selectors.TRANSITIONAL,
+    }

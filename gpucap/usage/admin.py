@@ -1,0 +1,32 @@
+"""Usage intervals are written by the VM lifecycle and read by billing: the admin only shows
+them."""
+
+from django.contrib import admin
+
+from gpucap.usage.models import UsageInterval
+
+
+@admin.register(UsageInterval)
+class UsageIntervalAdmin(admin.ModelAdmin):
+    list_display = [
+        "vm",
+        "tenant",
+        "pool_kind",
+        "gpu_model",
+        "gpu_count",
+        "started_at",
+        "ended_at",
+    ]
+    list_filter = ["pool_kind", "gpu_model", "tenant", ("ended_at", admin.EmptyFieldListFilter)]
+    search_fields = ["vm__name", "tenant__slug"]
+    list_select_related = ["vm", "tenant"]
+    date_hierarchy = "started_at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
