@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test bench lint format install install-dev db migrate demo browser libvirt-dev clean
+.PHONY: run test bench lint format install install-dev db migrate demo browser libvirt-dev wrk clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,13 @@ test: install-dev browser lint
 	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/pytest
 
-bench: install-dev
+# Debian's wrk drives the metadata endpoint benchmark's load.
+wrk:
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+
+bench: install-dev wrk
 	$(PY) bench/arbiter_scale.py
+	$(PY) bench/metadata_load.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

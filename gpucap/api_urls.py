@@ -12,6 +12,13 @@ from gpucap.fleet.api import (
     NodeViewSet,
     PoolViewSet,
 )
+from gpucap.notices.api import (
+    CapacitySetDrainView,
+    NodeDrainBlockersView,
+    NodeDrainView,
+    NoticeViewSet,
+    VmReclaimView,
+)
 from gpucap.rentals.api import VirtualMachineViewSet
 from gpucap.tenancy.api import ObtainTokenView, TenantViewSet
 
@@ -23,9 +30,22 @@ router.register("capacity-sets", CapacitySetViewSet, basename="capacity-set")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("vms", VirtualMachineViewSet, basename="vm")
+router.register("notices", NoticeViewSet, basename="notice")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),
+    path("nodes/<int:id>/drain/", NodeDrainView.as_view(), name="api-node-drain"),
+    path(
+        "nodes/<int:id>/drain-blockers/",
+        NodeDrainBlockersView.as_view(),
+        name="api-node-drain-blockers",
+    ),
+    path(
+        "capacity-sets/<int:id>/drain/",
+        CapacitySetDrainView.as_view(),
+        name="api-capacity-set-drain",
+    ),
+    path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
     *router.urls,
     re_path(r"^", endpoint_not_found),
 ]

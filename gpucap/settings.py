@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "gpucap.fleet",
     "gpucap.rentals",
     "gpucap.usage",
+    "gpucap.notices",
 ]
 
 MIDDLEWARE = [
@@ -158,7 +159,24 @@ CELERY_BEAT_SCHEDULE = {
         "task": "rentals.reconcile",
         "schedule": float(env_int("RENTALS_RECONCILE_SECONDS", 30, minimum=1)),
     },
+    # The safety net under every notice's scheduled stop: a lost task or a dead worker delays
+    # a stop by at most this long.
+    "notices-sweep": {
+        "task": "notices.sweep",
+        "schedule": float(env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)),
+    },
+    "notices-metadata-resync": {
+        "task": "notices.metadata_resync",
+        "schedule": float(env_int("METADATA_RESYNC_SECONDS", 60, minimum=1)),
+    },
 }
+
+# Interruption notices and the instance metadata endpoint (gpucap.notices).
+NOTICES_SWEEP_BATCH = env_int("NOTICES_SWEEP_BATCH", 500, minimum=1)
+# The Redis the instance metadata documents live in (gpucap/notices/cache.py).
+METADATA_REDIS_URL = env_str("METADATA_REDIS_URL", REDIS_URL)
+# Addresses of the per-node proxies whose X-Forwarded-For the metadata endpoint believes.
+METADATA_TRUSTED_PROXIES = env_list("METADATA_TRUSTED_PROXIES", [])
 
 # How Celery tasks drive VMs through their cluster's driver (gpucap.rentals.tasks).
 RENTALS_DRIVER_MAX_RETRIES = env_int("RENTALS_DRIVER_MAX_RETRIES", 5, minimum=0)

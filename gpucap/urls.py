@@ -1,9 +1,19 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness for load balancers and process supervisors: the Django stack answers."""
+    return HttpResponse("ok", content_type="text/plain")
+
+
+# The instance metadata endpoint (/latest/, /computeMetadata/, /metadata/) is not here: it is
+# served in front of Django by gpucap/asgi.py (gpucap/notices/metadata.py).
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -14,4 +24,5 @@ urlpatterns = [
     path("fleet/", include("gpucap.fleet.urls")),
     path("audit/", include("gpucap.audit.urls")),
     path("", include("gpucap.rentals.urls")),
+    path("notices/", include("gpucap.notices.urls")),
 ]

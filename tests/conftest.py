@@ -209,3 +209,15 @@ def simulated_fleet_empty(django_db_modify_db_settings):
     yield
     with contextlib.suppress(redis.ConnectionError):
         fleet.reset()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def metadata_test_redis():
+    """The metadata cache of test runs lives in a Redis database of its own."""
+    import redis
+
+    from gpucap.notices import cache
+
+    cache._client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
+    yield cache._client
+    cache._client = None

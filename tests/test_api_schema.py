@@ -15,12 +15,15 @@ ENDPOINTS = {
     "/api/nodes/{id}/uncordon/": {"post"},
     "/api/nodes/{id}/join-set/": {"post"},
     "/api/nodes/{id}/leave-set/": {"post"},
+    "/api/nodes/{id}/drain/": {"post"},
+    "/api/nodes/{id}/drain-blockers/": {"get"},
     "/api/gpus/": {"get"},
     "/api/gpus/{id}/": {"get"},
     "/api/gpus/{id}/health/": {"post"},
     "/api/capacity-sets/": {"get", "post"},
     "/api/capacity-sets/{id}/": {"get", "patch", "delete"},
     "/api/capacity-sets/{id}/rerank/": {"post"},
+    "/api/capacity-sets/{id}/drain/": {"post"},
     "/api/pools/": {"get", "post"},
     "/api/pools/{id}/": {"get", "patch", "delete"},
     "/api/pools/{id}/floor/": {"post"},
@@ -32,6 +35,9 @@ ENDPOINTS = {
     "/api/vms/{id}/stop/": {"post"},
     "/api/vms/{id}/start/": {"post"},
     "/api/vms/{id}/place/": {"post"},
+    "/api/vms/{id}/reclaim/": {"post"},
+    "/api/notices/": {"get"},
+    "/api/notices/{id}/": {"get"},
 }
 
 # Command -> (request component or None, response component).
@@ -43,6 +49,9 @@ COMMANDS = {
     "/api/gpus/{id}/health/": ("GpuHealthRequest", "Gpu"),
     "/api/capacity-sets/{id}/rerank/": ("CapacitySetRerankRequest", "CapacitySet"),
     "/api/pools/{id}/floor/": ("PoolFloorRequest", "Pool"),
+    "/api/nodes/{id}/drain/": (None, "Drain"),
+    "/api/capacity-sets/{id}/drain/": (None, "CapacitySetDrain"),
+    "/api/vms/{id}/reclaim/": ("ReclaimRequest", "Notice"),
 }
 
 

@@ -195,6 +195,11 @@ class Pool(models.Model):
     floor_gpus = models.PositiveIntegerField(
         default=0, help_text="GPUs the arbiter never reclaims this pool below."
     )
+    notice_seconds = models.PositiveIntegerField(
+        default=120,
+        help_text="Warning a standalone pool's VMs get before a drain or reclaim stops them. "
+        "Inside a capacity set the set's notice_seconds applies.",
+    )
     tenants = models.ManyToManyField(
         Tenant, blank=True, related_name="pools", help_text="Tenants that may use this pool."
     )

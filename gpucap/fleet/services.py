@@ -214,6 +214,9 @@ _NODE_TRANSITIONS = {
     ("cordoned", "down"): "node.mark_down",
     ("draining", "down"): "node.mark_down",
     ("down", "cordoned"): "node.mark_up",
+    # Started only by gpucap.notices.drains.node_drain, which also warns the node's guests.
+    ("ready", "draining"): "node.drain",
+    ("cordoned", "draining"): "node.drain",
 }
 
 

@@ -8,9 +8,11 @@ urlpatterns = [
     path("", views.fleet_overview, name="overview"),
     path("sets/", views.capacity_set_list, name="capacity-set-list"),
     path("sets/<slug:name>/", views.capacity_set_detail, name="capacity-set-detail"),
+    path("sets/<slug:name>/drain/", views.capacity_set_drain, name="capacity-set-drain"),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(
         "nodes/<slug:cluster>/<str:hostname>/uncordon/", views.node_uncordon, name="node-uncordon"
     ),
+    path("nodes/<slug:cluster>/<str:hostname>/drain/", views.node_drain, name="node-drain"),
 ]

@@ -1,4 +1,5 @@
-"""Operator pages for the fleet: overview grid, capacity sets, node detail with cordon/uncordon.
+"""Operator pages for the fleet: overview grid, capacity sets, node detail with cordon/uncordon,
+and drains of a node or a whole set (with who holds a drain up).
 
 Views adapt the request and call selectors (reads) or services (changes); nothing here
 decides a rule of the fleet.
@@ -14,6 +15,8 @@ from gpucap.audit.selectors import events_for
 from gpucap.errors import Conflict
 from gpucap.fleet import selectors, services
 from gpucap.fleet.models import Node
+from gpucap.notices import drains
+from gpucap.notices.selectors import drain_blockers
 from gpucap.tenancy.decorators import operator_required, render_page
 
 
@@ -70,8 +73,39 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @operator_required
 def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
-    context = {"nav": "capacity_sets", "overview": selectors.capacity_set_overview(name=name)}
+    context = _set_context(selectors.capacity_set_overview(name=name))
     return render_page(request, "fleet/capacity_set_detail.html", context, fragment="set-live")
+
+
+@require_POST
+@operator_required
+def capacity_set_drain(request: HttpRequest, name: str) -> HttpResponse:
+    """Drain every node of the set; answer with the refreshed set (or why nothing changed)."""
+    overview = selectors.capacity_set_overview(name=name)
+    error, status = "", 200
+    try:
+        drains.capacity_set_drain(capacity_set=overview.capacity_set, actor=request.user)
+    except Conflict as exc:
+        error, status = exc.message, 409
+    if status == 200 and not request.htmx:
+        return redirect("fleet:capacity-set-detail", name=name)
+    context = {**_set_context(selectors.capacity_set_overview(name=name)), "error": error}
+    return render_page(
+        request, "fleet/capacity_set_detail.html", context, fragment="set-live", status=status
+    )
+
+
+def _set_context(overview: selectors.CapacitySetOverview) -> dict:
+    draining = [tile.node for tile in overview.tiles if tile.node.state == Node.State.DRAINING]
+    return {
+        "nav": "capacity_sets",
+        "overview": overview,
+        # A cordoned node may still be drained on its own page; the set's button is for a
+        # set in service.
+        "can_drain": any(tile.node.state == Node.State.READY for tile in overview.tiles),
+        # Two queries per draining node; a set drains rarely, and then it is what matters.
+        "held_up": [(node, drain_blockers(node)) for node in draining],
+    }
 
 
 @require_GET
@@ -91,6 +125,12 @@ def node_cordon(request: HttpRequest, cluster: str, hostname: str) -> HttpRespon
 @operator_required
 def node_uncordon(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
     return _node_change_state(request, cluster, hostname, services.node_uncordon)
+
+
+@require_POST
+@operator_required
+def node_drain(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    return _node_change_state(request, cluster, hostname, drains.node_drain)
 
 
 def _node_change_state(request: HttpRequest, cluster: str, hostname: str, change) -> HttpResponse:
@@ -122,4 +162,6 @@ def _node_context(tile: selectors.NodeTile) -> dict:
         "events": events_for(node),
         "can_cordon": node.state in (Node.State.READY, Node.State.DRAINING),
         "can_uncordon": node.state in (Node.State.CORDONED, Node.State.DRAINING),
+        "can_drain": node.state in (Node.State.READY, Node.State.CORDONED),
+        "blockers": drain_blockers(node) if node.state == Node.State.DRAINING else None,
     }

@@ -11,6 +11,8 @@ repairs the drift it finds, logging each repair and recording it in the audit lo
 - stopping, still up after a grace period → send ``vm_stop`` again;
 - running or notified, the driver has no such VM → mark it failed;
 - running, the guest shut itself down → stop it as its owner would;
+- notified, the guest shut itself down before its deadline → release its GPUs now (the notice
+  completes as ``guest_shutdown``);
 - pending in a standalone pool → ask the cluster's placement to look again.
 
 Every repair is conditional: it happens under the VM's row lock and only if the VM is still in
@@ -152,6 +154,9 @@ def _repair(
             return _apply(vm, status, "marked failed", _mark_failed(reason, destroy=True))
         if driver_state == STOPPED and vm.state == State.RUNNING:
             return _apply(vm, status, "stopping it: the guest shut down", _stop_as_owner)
+        if driver_state == STOPPED:  # notified: the guest finished before its deadline
+            action = "released its GPUs: the guest shut down before its notice deadline"
+            return _apply(vm, status, action, _guest_shut_down_early)
     elif vm.state == State.STOPPING:
         if driver_state in (STOPPED, MISSING, FAILED):
             return _apply(vm, status, "marked stopped", _mark_stopped)
@@ -197,6 +202,12 @@ def _mark_stopped(vm: VirtualMachine, status: VmStatus) -> None:
 
 def _stop_as_owner(vm: VirtualMachine, status: VmStatus) -> None:
     services.vm_stop(vm=vm)
+
+
+def _guest_shut_down_early(vm: VirtualMachine, status: VmStatus) -> None:
+    from gpucap.notices.services import notice_guest_shutdown
+
+    notice_guest_shutdown(vm=vm)
 
 
 def _resend(what: str):

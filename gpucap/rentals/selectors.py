@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.paginator import Page, Paginator
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
 
 from gpucap.audit.models import AuditEvent
 from gpucap.audit.selectors import events_for
 from gpucap.fleet.models import Node, Pool
+from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.services import TRANSITIONS
 from gpucap.tenancy.models import Membership, Tenant
@@ -36,6 +37,13 @@ def vms_with_gpus() -> QuerySet[VirtualMachine]:
         .order_by("gpu__index")
     )
     vms = VirtualMachine.objects.select_related("tenant", "pool", "node__cluster")
+    # The open notice's reason and deadline (``notice_reason``, ``notice_deadline``, else None)
+    # ride along in the same query, for the countdown a row shows.
+    open_notice = InterruptionNotice.objects.filter(vm=OuterRef("pk"), completed_at=None)
+    vms = vms.annotate(
+        notice_reason=Subquery(open_notice.values("reason")[:1]),
+        notice_deadline=Subquery(open_notice.values("deadline")[:1]),
+    )
     return vms.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
 
 

@@ -16,6 +16,8 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.fleet.services import capacity_set_bump
+from gpucap.notices.cache import metadata_publish_on_commit
+from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.tenancy.models import Tenant
 from gpucap.usage.models import UsageInterval
@@ -87,10 +89,12 @@ def vm_transition(
     locked.save()
     if before["state"] in HOLDING and to not in HOLDING:
         _release(locked, at=now)
+        _node_freed(locked.node_id)
     audit_record(
         actor=actor, verb=f"vm.{to}", target=locked, before=before, after=after, message=message
     )
     _plan_inputs_changed(locked)
+    metadata_publish_on_commit(locked.pk)
     vm.__dict__.update(locked.__dict__)
     return locked
 
@@ -106,6 +110,20 @@ def _plain(value):
 def _release(vm: VirtualMachine, *, at) -> None:
     Allocation.objects.filter(vm=vm, released_at=None).update(released_at=at)
     UsageInterval.objects.filter(vm=vm, ended_at=None).update(ended_at=at)
+    # An open notice ends when the VM stops holding its GPUs, however that came about.
+    InterruptionNotice.objects.filter(vm=vm, completed_at=None, outcome="").update(
+        completed_at=at, outcome=InterruptionNotice.Outcome.ENDED
+    )
+    InterruptionNotice.objects.filter(vm=vm, completed_at=None).update(completed_at=at)
+
+
+def _node_freed(node_id: int | None) -> None:
+    """A draining node ends cordoned once its last VM let go (gpucap.notices.drains). Checked
+    after commit, under the node's lock, so two VMs leaving at once cannot both miss it."""
+    from gpucap.notices.drains import node_drain_finish
+
+    if node_id is not None:
+        transaction.on_commit(lambda: node_drain_finish(node_id=node_id), robust=True)
 
 
 def _plan_inputs_changed(vm: VirtualMachine) -> None:
@@ -283,6 +301,18 @@ def _placement_problem(*, vm: VirtualMachine, node: Node, indices: list[int]) ->
 def vm_stop(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
     """The owner stops a running VM; it keeps its disk and may be started again."""
     return _stop(vm=vm, reason=StopReason.OWNER, actor=actor)
+
+
+def vm_stop_for_notice(*, vm: VirtualMachine, message: str = "") -> VirtualMachine:
+    """A notice's deadline came or its guest released early: stop the VM. A spot VM resumes
+    when capacity returns; any other VM ends stopped."""
+    return _stop(
+        vm=vm,
+        reason=StopReason.RECLAIMED,
+        actor=None,
+        message=message,
+        preempted_for=vm.preempted_for,
+    )
 
 
 def vm_preempt(

@@ -11,5 +11,6 @@ urlpatterns = [
     path("vms/<int:pk>/stop/", views.vm_stop, name="vm-stop"),
     path("vms/<int:pk>/start/", views.vm_start, name="vm-start"),
     path("vms/<int:pk>/terminate/", views.vm_terminate, name="vm-terminate"),
+    path("vms/<int:pk>/reclaim/", views.vm_reclaim, name="vm-reclaim"),
     path("tenants/<slug:slug>/vms/", views.tenant_vms, name="tenant-vms"),
 ]

@@ -16,11 +16,14 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.errors import Conflict
+from gpucap.notices import drains
+from gpucap.notices.models import InterruptionNotice
+from gpucap.notices.services import notice_seconds_for
 from gpucap.rentals import selectors, services
 from gpucap.rentals.forms import VmFilterForm, VmRequestForm
 from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy import selectors as tenancy
-from gpucap.tenancy.decorators import render_page
+from gpucap.tenancy.decorators import operator_required, render_page
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 # An HTMX event the request form sends so the VM table refreshes at once.
@@ -129,7 +132,14 @@ def vm_terminate(request: HttpRequest, pk: int) -> HttpResponse:
     return _vm_act(request, pk, services.vm_terminate)
 
 
-def _vm_act(request: HttpRequest, pk: int, act: Callable[..., VirtualMachine]) -> HttpResponse:
+@require_POST
+@operator_required
+def vm_reclaim(request: HttpRequest, pk: int) -> HttpResponse:
+    """An operator takes a rental back: a ``reclaim`` notice, then a stop at its deadline."""
+    return _vm_act(request, pk, drains.vm_reclaim)
+
+
+def _vm_act(request: HttpRequest, pk: int, act: Callable[..., object]) -> HttpResponse:
     """Call the service; answer with the refreshed VM, or the reason nothing changed."""
     vm = selectors.vm_visible_to(user=request.user, pk=pk)
     error, status = "", 200
@@ -155,5 +165,7 @@ def _vm_context(request: HttpRequest, vm: VirtualMachine) -> dict:
         "gpus": vm.live_allocations,
         "actions": selectors.vm_actions(vm),
         "events": selectors.vm_trail(vm=vm, user=request.user),
+        "notice": InterruptionNotice.objects.filter(vm=vm, completed_at=None).first(),
+        "notice_seconds": notice_seconds_for(vm) if is_operator(request.user) else None,
         "polling_fast": vm.state in selectors.TRANSITIONAL,
     }

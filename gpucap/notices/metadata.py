@@ -1,0 +1,461 @@
+"""The instance metadata endpoint: guests read their own interruption notice over HTTP, in the
+wire formats of EC2 (IMDSv2), GCP and Azure, plus a native one (DESIGN.md section 5).
+
+Every guest polls it every few seconds, so it is a raw ASGI app mounted in front of Django
+(``metadata_front`` in gpucap/asgi.py): one Redis GET per request (the document
+gpucap.notices.cache keeps per VM address), no session, CSRF, template or ORM. Only the rare
+acknowledgement goes to the database, in a thread.
+
+The VM is the request's source address; behind a trusted per-node proxy
+(``METADATA_TRUSTED_PROXIES``), the last address that proxy added to ``X-Forwarded-For``. A
+request carrying ``X-Forwarded-For`` from anyone else is refused: a guest could otherwise claim
+another VM's address. IMDSv2 tokens need no storage: ``<expiry>.<HMAC(address, expiry)>``.
+"""
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import time
+import uuid
+import weakref
+from datetime import UTC, datetime
+from email.utils import format_datetime
+from functools import lru_cache
+from urllib.parse import parse_qs
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from gpucap.notices.cache import metadata_key
+
+PREFIXES = ("/latest/", "/computeMetadata/", "/metadata/")
+TOKEN_TTL_MAX = 21600
+WAIT_FOR_CHANGE_MAX_SECONDS = 60
+# How often a GCP long-poll re-reads the key: a new notice reaches a waiting guest this fast.
+WAIT_POLL_SECONDS = 0.25
+BODY_LIMIT = 64 * 1024
+
+
+def metadata_front(django_app):
+    """The deployed ASGI application: metadata paths to the endpoint, the rest to Django."""
+
+    async def application(scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(PREFIXES):
+            await metadata_app(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+        else:
+            await django_app(scope, receive, send)
+
+    return application
+
+
+async def metadata_app(scope, receive, send) -> None:
+    request = _Request(scope, receive)
+    address = guest_address(scope.get("client"), request.headers.get("x-forwarded-for"))
+    if address is None:
+        await _text(send, 403, "X-Forwarded-For is accepted only from a trusted proxy")
+        return
+    methods = _ROUTES.get(scope["path"])
+    if methods is None:
+        await _text(send, 404, "not found")
+        return
+    handler = methods.get(scope["method"])
+    if handler is None:
+        allow = ", ".join(methods)
+        await _text(send, 405, "method not allowed", headers=[(b"allow", allow.encode())])
+        return
+    await handler(request, address, send)
+
+
+# --- who is asking ------------------------------------------------------------------------------
+
+
+def guest_address(client: tuple[str, int] | None, forwarded: str | None) -> str | None:
+    """The VM address a request speaks for, or None when it must be refused."""
+    peer = client[0] if client else ""
+    if forwarded is None:
+        return peer
+    if peer not in settings.METADATA_TRUSTED_PROXIES:
+        return None
+    # The proxy appends the address it saw; anything before it came from the guest.
+    last = forwarded.rsplit(",", 1)[-1].strip()
+    try:
+        return str(ipaddress.ip_address(last))
+    except ValueError:
+        return None
+
+
+# --- IMDSv2 session tokens ---------------------------------------------------------------------
+
+
+def token_mint(*, address: str, ttl: int, now: float | None = None) -> str:
+    expires = int(time.time() if now is None else now) + ttl
+    return f"{expires}.{_token_signature(address, expires)}"
+
+
+def token_valid(token: str, *, address: str, now: float | None = None) -> bool:
+    """Whether ``token`` was minted for ``address`` and has not expired (constant-time)."""
+    expires_text, _, signature = token.partition(".")
+    if not (expires_text.isascii() and expires_text.isdigit()):
+        return False
+    expires = int(expires_text)
+    expected = _token_signature(address, expires)
+    matches = hmac.compare_digest(signature.encode(), expected.encode())
+    return matches and expires > (time.time() if now is None else now)
+
+
+def _token_signature(address: str, expires: int) -> str:
+    digest = hmac.new(
+        _token_key(settings.SECRET_KEY), f"{address}|{expires}".encode(), hashlib.sha256
+    ).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+@lru_cache(maxsize=4)
+def _token_key(secret_key: str) -> bytes:
+    return hashlib.sha256(f"gpucap.notices.metadata.token|{secret_key}".encode()).digest()
+
+
+# --- EC2 -----------------------------------------------------------------------------------------
+
+
+async def ec2_token(request, address, send) -> None:
+    raw = request.headers.get("x-aws-ec2-metadata-token-ttl-seconds", "")
+    ttl = int(raw) if raw.isascii() and raw.isdigit() else 0
+    if not 1 <= ttl <= TOKEN_TTL_MAX:
+        await _text(send, 400, f"X-aws-ec2-metadata-token-ttl-seconds must be 1..{TOKEN_TTL_MAX}")
+        return
+    if await _document(address) is None:
+        await _text(send, 404, "no VM at this address")
+        return
+    headers = [(b"x-aws-ec2-metadata-token-ttl-seconds", str(ttl).encode())]
+    await _text(send, 200, token_mint(address=address, ttl=ttl), headers=headers)
+
+
+def _ec2(render):
+    """An IMDSv2 GET: a valid token for this address, then the VM's document."""
+
+    async def handler(request, address, send) -> None:
+        token = request.headers.get("x-aws-ec2-metadata-token")
+        if token is None or not token_valid(token, address=address):
+            await _text(send, 401, "a valid X-aws-ec2-metadata-token is required")
+            return
+        document = await _document(address)
+        body = None if document is None else render(document)
+        if body is None:
+            await _text(send, 404, "not found")
+            return
+        await _text(send, 200, body)
+
+    return handler
+
+
+def _instance_action(document) -> str | None:
+    notice = document["notice"]
+    if notice is None:
+        return None
+    return json.dumps({"action": "stop", "time": notice["deadline"]}, separators=(",", ":"))
+
+
+def _termination_time(document) -> str | None:
+    notice = document["notice"]
+    return None if notice is None else notice["deadline"]
+
+
+# --- GCP -----------------------------------------------------------------------------------------
+
+
+async def gcp_preempted(request, address, send) -> None:
+    flavor = [(b"metadata-flavor", b"Google")]
+    if request.headers.get("metadata-flavor") != "Google":
+        await _text(send, 403, "Missing Metadata-Flavor:Google header.", headers=flavor)
+        return
+    query = request.query()
+    document = await _document(address)
+    if document is None:
+        await _text(send, 404, "no VM at this address", headers=flavor)
+        return
+    value = _preempted(document)
+    if query.get("wait_for_change", "").lower() == "true":
+        raw = query.get("timeout_sec", str(WAIT_FOR_CHANGE_MAX_SECONDS))
+        if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= WAIT_FOR_CHANGE_MAX_SECONDS):
+            await _text(send, 400, f"timeout_sec must be 1..{WAIT_FOR_CHANGE_MAX_SECONDS}")
+            return
+        last_etag = query.get("last_etag")
+        if last_etag is None or last_etag == _etag(value):
+            document = await _wait_for_change(address, value, timeout=int(raw))
+            if document is None:
+                await _text(send, 404, "no VM at this address", headers=flavor)
+                return
+            value = _preempted(document)
+    headers = [*flavor, (b"etag", _etag(value).encode())]
+    await _text(send, 200, value, headers=headers)
+
+
+async def _wait_for_change(address: str, value: str, *, timeout: int) -> dict | None:
+    """The document once ``preempted`` differs from ``value`` (or is gone), else at timeout."""
+    deadline = time.monotonic() + timeout
+    document = None
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(WAIT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        document = await _document(address)
+        if document is None or _preempted(document) != value:
+            return document
+    return document
+
+
+def _preempted(document) -> str:
+    return "FALSE" if document["notice"] is None else "TRUE"
+
+
+def _etag(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+# --- Azure ---------------------------------------------------------------------------------------
+
+
+async def azure_events(request, address, send) -> None:
+    if request.headers.get("metadata") != "true":
+        await _json(send, 400, {"error": "Bad request. Required metadata header not specified"})
+        return
+    document = await _document(address)
+    if document is None:
+        await _json(send, 404, {"error": "no VM at this address"})
+        return
+    await _json(send, 200, scheduled_events(document))
+
+
+async def azure_start(request, address, send) -> None:
+    if request.headers.get("metadata") != "true":
+        await _json(send, 400, {"error": "Bad request. Required metadata header not specified"})
+        return
+    body = await request.body()
+    event_ids, problem = _start_requests(body)
+    if problem:
+        await _json(send, 400, {"error": problem})
+        return
+    document = await _document(address)
+    if document is None:
+        await _json(send, 404, {"error": "no VM at this address"})
+        return
+    current = {event["EventId"] for event in scheduled_events(document)["Events"]}
+    unknown = [event_id for event_id in event_ids if event_id not in current]
+    if unknown:
+        await _json(
+            send, 400, {"error": f"StartRequests: no scheduled event {unknown[0]!r} for this VM"}
+        )
+        return
+    if not await _acknowledge(address, document["vm"]):
+        await _json(send, 404, {"error": "no open notice for this VM"})
+        return
+    await _json(send, 200, {})
+
+
+def scheduled_events(document) -> dict:
+    notice = document["notice"]
+    if notice is None:
+        return {"DocumentIncarnation": 0, "Events": []}
+    issued_at = _parse_z(notice["issued_at"])
+    return {
+        # Changes whenever the event does, as Azure's counter does.
+        "DocumentIncarnation": int(issued_at.timestamp()),
+        "Events": [
+            {
+                "EventId": event_id(document["vm"], notice["issued_at"]),
+                "EventType": "Preempt",
+                "ResourceType": "VirtualMachine",
+                "Resources": [document["vm"]],
+                "EventStatus": "Scheduled",
+                "NotBefore": format_datetime(_parse_z(notice["deadline"]), usegmt=True),
+                "Description": f"Virtual machine is being preempted ({notice['reason']}).",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        ],
+    }
+
+
+def event_id(vm: str, issued_at: str) -> str:
+    """Stable for one notice, different for the next."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpucap:notice:{vm}:{issued_at}")).upper()
+
+
+def _start_requests(body: bytes) -> tuple[list[str], str]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return [], 'the body must be JSON: {"StartRequests": [{"EventId": ...}]}'
+    requests = payload.get("StartRequests") if isinstance(payload, dict) else None
+    if not isinstance(requests, list) or not requests:
+        return [], 'StartRequests: must be a non-empty list of {"EventId": ...}'
+    event_ids = []
+    for n, item in enumerate(requests):
+        value = item.get("EventId") if isinstance(item, dict) else None
+        if not isinstance(value, str) or not value:
+            return [], f"StartRequests[{n}].EventId: must be a non-empty string"
+        event_ids.append(value)
+    return event_ids, ""
+
+
+# --- native --------------------------------------------------------------------------------------
+
+
+async def native_interruption(request, address, send) -> None:
+    document = await _document(address)
+    if document is None:
+        await _json(send, 404, {"error": "no VM at this address"})
+        return
+    notice = document["notice"]
+    if notice is None:
+        await _json(send, 404, {"error": "no interruption notice"})
+        return
+    seconds_left = max(0, int(_parse_z(notice["deadline"]).timestamp() - time.time()))
+    await _json(send, 200, {**notice, "seconds_left": seconds_left})
+
+
+async def native_ack(request, address, send) -> None:
+    await request.body()
+    document = await _document(address)
+    if document is None:
+        await _json(send, 404, {"error": "no VM at this address"})
+        return
+    if document["notice"] is None or not await _acknowledge(address, document["vm"]):
+        await _json(send, 404, {"error": "no interruption notice"})
+        return
+    await _json(send, 200, {"acknowledged": True, "vm": document["vm"]})
+
+
+# --- acknowledgement (the rare write path: database, in a thread) -------------------------------
+
+
+async def _acknowledge(address: str, instance_id: str) -> bool:
+    return await sync_to_async(_acknowledge_in_database)(address, instance_id)
+
+
+def _acknowledge_in_database(address: str, instance_id: str) -> bool:
+    """Stop the VM now if the database agrees it is at ``address`` with an open notice."""
+    from django.db import connections
+
+    from gpucap.errors import Conflict
+    from gpucap.notices.services import notice_acknowledge
+    from gpucap.rentals.models import VirtualMachine
+
+    pk = instance_id.removeprefix("vm-")
+    try:
+        vm = VirtualMachine.objects.filter(pk=int(pk), ip_address=address).first()
+        if vm is None:
+            return False
+        notice_acknowledge(vm=vm)
+        return True
+    except (Conflict, ValueError):
+        return False
+    finally:
+        # Rare enough not to keep a connection open in this thread between acknowledgements.
+        connections.close_all()
+
+
+# --- plumbing ------------------------------------------------------------------------------------
+
+
+class _Request:
+    def __init__(self, scope, receive) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1")
+            text = value.decode("latin-1")
+            self.headers[key] = f"{self.headers[key]},{text}" if key in self.headers else text
+
+    def query(self) -> dict[str, str]:
+        parsed = parse_qs(self.scope["query_string"].decode("latin-1"))
+        return {name: values[-1] for name, values in parsed.items()}
+
+    async def body(self) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await self.receive()
+            if message["type"] != "http.request":
+                return b""
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > BODY_LIMIT or not message.get("more_body"):
+                return b"".join(chunks)[:BODY_LIMIT]
+
+
+async def _document(address: str) -> dict | None:
+    raw = await _redis().get(metadata_key(address))
+    return None if raw is None else json.loads(raw)
+
+
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _redis() -> aioredis.Redis:
+    """One client per event loop (a server process has one; tests start several)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = _clients[loop] = aioredis.Redis.from_url(settings.METADATA_REDIS_URL)
+    return client
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            client = _clients.pop(asyncio.get_running_loop(), None)
+            if client is not None:
+                await client.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _text(send, status: int, body: str, *, headers=()) -> None:
+    await _send(send, status, body.encode(), b"text/plain", headers)
+
+
+async def _json(send, status: int, payload: dict, *, headers=()) -> None:
+    await _send(send, status, json.dumps(payload).encode(), b"application/json", headers)
+
+
+async def _send(send, status: int, body: bytes, content_type: bytes, headers) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _parse_z(moment: str) -> datetime:
+    return datetime.strptime(moment, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+_ROUTES = {
+    "/latest/api/token": {"PUT": ec2_token},
+    "/latest/meta-data/instance-id": {"GET": _ec2(lambda document: document["vm"])},
+    "/latest/meta-data/spot/instance-action": {"GET": _ec2(_instance_action)},
+    "/latest/meta-data/spot/termination-time": {"GET": _ec2(_termination_time)},
+    "/computeMetadata/v1/instance/preempted": {"GET": gcp_preempted},
+    "/metadata/scheduledevents": {"GET": azure_events, "POST": azure_start},
+    "/metadata/v1/interruption": {"GET": native_interruption},
+    "/metadata/v1/interruption/ack": {"POST": native_ack},
+}

@@ -1,0 +1,175 @@
+"""Interruption notices: issue one (the VM moves to ``notified``), keep its deadline, and let a
+guest release its GPUs early. Deadlines hold even if a worker dies: each notice schedules a
+stop at its deadline, and a periodic sweep stops any VM whose deadline passed. Stopping twice is
+harmless."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpucap.audit.services import Actor, audit_record
+from gpucap.errors import Conflict
+from gpucap.fleet.models import Pool
+from gpucap.notices.cache import metadata_publish_on_commit
+from gpucap.notices.models import InterruptionNotice
+from gpucap.rentals import services as rentals
+from gpucap.rentals.models import VirtualMachine
+
+Reason = InterruptionNotice.Reason
+Outcome = InterruptionNotice.Outcome
+State = VirtualMachine.State
+
+
+def notice_seconds_for(vm: VirtualMachine) -> int:
+    """The warning a VM gets: its capacity set's notice_seconds, else its pool's."""
+    pool = vm.pool
+    return pool.capacity_set.notice_seconds if pool.capacity_set_id else pool.notice_seconds
+
+
+@transaction.atomic
+def notice_issue(
+    *,
+    vm: VirtualMachine,
+    reason: str,
+    actor: Actor = None,
+    message: str = "",
+    preempted_for: VirtualMachine | None = None,
+    seconds: int | None = None,
+) -> InterruptionNotice:
+    """Warn a running VM that it will be stopped at the deadline. Issuing twice is harmless: a
+    VM with an open notice keeps it (and its deadline)."""
+    locked = (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("pool__capacity_set")
+        .get(pk=vm.pk)
+    )
+    existing = InterruptionNotice.objects.filter(vm=locked, completed_at=None).first()
+    if existing is not None:
+        return existing
+    if reason not in Reason.values:
+        raise Conflict(f"unknown notice reason {reason!r}", code="invalid_reason")
+    if reason == Reason.ARBITER and locked.pool.kind == Pool.Kind.ON_DEMAND:
+        raise Conflict(
+            f"{locked.instance_id} is an on-demand VM: the arbiter never interrupts it",
+            code="on_demand_protected",
+        )
+    if locked.state != State.RUNNING:
+        raise Conflict(
+            f"{locked.instance_id} is {locked.state}; only a running VM can get a notice",
+            code="not_running",
+        )
+    now = timezone.now()
+    seconds = notice_seconds_for(locked) if seconds is None else seconds
+    notice = InterruptionNotice.objects.create(
+        vm=locked,
+        reason=reason,
+        message=message,
+        issued_at=now,
+        deadline=now + timedelta(seconds=seconds),
+        issued_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    rentals.vm_transition(
+        vm=locked,
+        to=State.NOTIFIED,
+        actor=actor,
+        message=message or f"{reason} notice, stop at {notice.deadline:%H:%M:%S} UTC",
+        preempted_for=preempted_for,
+    )
+    audit_record(
+        actor=actor,
+        verb=f"notice.{reason}",
+        target=locked,
+        after={"deadline": notice.deadline.isoformat(), "seconds": seconds},
+        message=message,
+    )
+    _schedule_deadline(notice)
+    metadata_publish_on_commit(locked.pk)
+    return notice
+
+
+def _schedule_deadline(notice: InterruptionNotice) -> None:
+    from gpucap.celery import app
+
+    deadline, notice_id = notice.deadline, notice.pk
+    transaction.on_commit(
+        lambda: app.send_task("notices.deadline_stop", args=[notice_id], eta=deadline)
+    )
+
+
+@transaction.atomic
+def notice_deadline_reached(*, notice: InterruptionNotice, now=None) -> bool:
+    """Stop the VM of an open notice whose deadline has come. Returns whether it acted; a
+    second call, an early call or a call for a VM already stopping does nothing."""
+    now = now or timezone.now()
+    vm_id = InterruptionNotice.objects.filter(pk=notice.pk).values_list("vm_id", flat=True).first()
+    if vm_id is None:
+        return False
+    # The VM's row before its notice's, the order vm_transition locks them in (it completes
+    # notices), so a deadline and a stop arriving together cannot deadlock.
+    vm = VirtualMachine.objects.select_for_update().get(pk=vm_id)
+    locked = InterruptionNotice.objects.select_for_update().get(pk=notice.pk)
+    if locked.completed_at is not None or locked.deadline > now:
+        return False
+    if vm.state != State.NOTIFIED:
+        return False
+    locked.outcome = Outcome.DEADLINE
+    locked.save(update_fields=["outcome"])
+    rentals.vm_stop_for_notice(vm=vm, message=f"{locked.reason} notice deadline reached")
+    return True
+
+
+@transaction.atomic
+def notice_acknowledge(*, vm: VirtualMachine) -> InterruptionNotice:
+    """The guest says it is done (Azure StartRequests, the native ack): stop it now, so its
+    GPUs are freed without waiting for the deadline. Acknowledging twice is harmless."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)  # VM first, then notice
+    notice = (
+        InterruptionNotice.objects.select_for_update()
+        .filter(vm_id=vm.pk, completed_at=None)
+        .first()
+    )
+    if notice is None:
+        raise Conflict(f"{vm.instance_id} has no open notice to acknowledge", code="no_notice")
+    if notice.acknowledged_at is not None:
+        return notice
+    notice.acknowledged_at = timezone.now()
+    notice.outcome = Outcome.ACKNOWLEDGED
+    notice.save(update_fields=["acknowledged_at", "outcome"])
+    if locked.state == State.NOTIFIED:
+        rentals.vm_stop_for_notice(vm=locked, message="the guest acknowledged its notice")
+    return notice
+
+
+def notices_sweep(*, now=None) -> list[int]:
+    """Stop every VM whose notice deadline has passed (the safety net for a lost scheduled
+    task or a dead worker). Returns the notices acted on."""
+    now = now or timezone.now()
+    overdue = InterruptionNotice.objects.filter(
+        completed_at=None, deadline__lte=now, vm__state=State.NOTIFIED
+    ).values_list("pk", flat=True)
+    acted = []
+    for notice_id in overdue[: settings.NOTICES_SWEEP_BATCH]:
+        if notice_deadline_reached(notice=InterruptionNotice(pk=notice_id), now=now):
+            acted.append(notice_id)
+    return acted
+
+
+@transaction.atomic
+def notice_guest_shutdown(*, vm: VirtualMachine) -> bool:
+    """The hypervisor says a notified VM's guest powered itself off before its deadline (the
+    reconciler saw it): the notice completes as ``guest_shutdown`` and the GPUs are freed now,
+    not at the deadline. Returns whether it acted; harmless twice."""
+    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    if locked.state != State.NOTIFIED:
+        return False
+    InterruptionNotice.objects.filter(vm=locked, completed_at=None, outcome="").update(
+        outcome=Outcome.GUEST_SHUTDOWN
+    )
+    stopping = rentals.vm_stop_for_notice(
+        vm=locked, message="the guest shut down before its notice deadline"
+    )
+    # The guest is off already: nothing is left for the driver to stop, so release at once.
+    rentals.vm_mark_stopped(vm=stopping)
+    return True
