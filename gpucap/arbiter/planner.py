@@ -16,11 +16,20 @@ its placements are tentative until the last demand fits, and are rolled back oth
    could still free, so whole 8-GPU partitions and cheap reclaims stay available to later
    demands. Only when the group cannot be placed on free capacity alone is it retried with
    reclaims: each demand still takes a free partition if one exists, and otherwise its least
-   disruptive legal reclaim. One demand's reclaim can take the partition another needed, so a
-   group of several demands is tried in several orders (largest first; its lowest-ranked
-   demands first, as they may reclaim from fewer pools; then, for groups of up to four, the
-   other orders) and placed in the least disruptive order that works, comparing up to six.
-   A group no order places is reported unsatisfied with the reason of the first attempt.
+   disruptive legal reclaim. For a single demand that is the exact minimum. For a group of
+   several, one demand's choice changes another's (a reclaim frees GPUs another can use, or
+   takes the partition another needed, or uses up a floor's headroom), so the group is first
+   tried in a few orders (largest first; its lowest-ranked demands first, as they may reclaim
+   from fewer pools; then, for groups of up to four, the other orders, comparing up to six
+   that work), and then `search.GroupSearch` looks for a strictly less disruptive placement
+   by branch and bound, with the best order's placement as its bound. The search is exact
+   within a budget of `_SEARCH_BUDGET` expanded states per group; past it the group keeps the
+   best placement found by then. Sets of up to `_WHOLE_SET_NODES` ready nodes are searched
+   whole; on larger sets the search sees a region (`_Planner._region`). No search is needed
+   when the best order already costs as little as the cheapest single reclaim of the group
+   (`_Planner._least_victims`) and a size of the group has no free partition at all (so that
+   no placement can do without victims). A group nothing places is reported unsatisfied with
+   the reason of its first attempt.
 2. A reclaim takes one whole partition of the node's table (rule 5); its victims are forced:
    every VM holding a GPU of that partition. It is legal when no victim is on-demand (rule 1),
    under notice, or of a pool ranked at or above the demand's pool (rule 3), when it leaves
@@ -70,18 +79,33 @@ from gpucap.arbiter.model import (
     Unsatisfied,
     Vm,
 )
-from gpucap.arbiter.topology import gpu_mask, partition_table
+from gpucap.arbiter.search import GroupSearch
+from gpucap.arbiter.topology import FIT_SLOT, gpu_mask, partition_table
 
 __all__ = ["disruption_cost", "plan"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-# Where each block size counts in a best-fit key: breaking a free 8 weighs most.
-_FIT_SLOT = {8: 0, 4: 1, 2: 2, 1: 3}
 # Groups up to this size that fail in the usual orders are retried in every order.
 _MAX_REORDERED_GROUP = 4
 # A group placed with reclaims is placed in the least disruptive of up to this many orders.
 _MAX_ORDERS_COMPARED = 6
+# The exact search of a group's placement (search.py) stops after expanding this many states
+# and keeps the best placement found by then (or the order-by-order one), which bounds a
+# group's search to a few tenths of a second (a state costs 20-60 µs on the sets searched
+# whole). Sets of up to 6 nodes with groups of up to 4 demands, the sizes checked against
+# exhaustive search, need a few hundred at most (under 500 over 24,000 random sets of both
+# fabrics); groups of 6 demands there mostly stay under 3,000, and the odd one that reaches
+# the budget keeps the best placement found.
+_SEARCH_BUDGET = 5000
+# Sets with at most this many ready nodes are searched whole; larger ones through a region,
+# with a smaller budget: there the search is already a bounded look around the planner's own
+# placement, and a large set may hold many large groups.
+_WHOLE_SET_NODES = 16
+_REGION_SEARCH_BUDGET = 1000
+# A large set's search region holds, per demand of the group, this many nodes with cheap
+# reclaims of the demand's size.
+_REGION_RECLAIMS_PER_DEMAND = 2
 
 
 def plan(snapshot: Snapshot) -> Plan:
@@ -150,9 +174,9 @@ class _Table:
             broken = [0] * 8
             for other in self.overlaps[index]:
                 if is_free[other]:
-                    broken[_FIT_SLOT[self.sizes[other]]] += 1
+                    broken[FIT_SLOT[self.sizes[other]]] += 1
                 elif not masks[other] & fixed:
-                    broken[4 + _FIT_SLOT[self.sizes[other]]] += 1
+                    broken[4 + FIT_SLOT[self.sizes[other]]] += 1
             key = (tuple(broken), index)
             size = self.sizes[index]
             if size not in best or key < best[size]:
@@ -326,6 +350,44 @@ class _Reclaims:
             return None
         return self.parked[self.parked_tops[0][1]]
 
+    def nearest_nodes(self, bound: tuple | None, rank: int, limit: int) -> list[int]:
+        """Up to ``limit`` nodes holding the cheapest reclaims a demand of pool rank ``rank``
+        may make, cheapest first, none whose cost exceeds ``bound`` (read only: a best-first
+        walk of the heaps that leaves them as they are)."""
+        version = self.planner.version
+        tops = self.tops
+        frontier: list[tuple] = []
+        sequence = itertools.count()
+        if tops:
+            frontier.append((tops[0][0], next(sequence), None, 0))
+        takes: set[tuple] = set()
+        nodes: list[int] = []
+        seen: set[int] = set()
+        while frontier and len(nodes) < limit:
+            key, _, take, index = heapq.heappop(frontier)
+            if -key[0] <= rank or (bound is not None and key[:4] > bound):
+                break
+            if take is None:
+                for child in (2 * index + 1, 2 * index + 2):
+                    if child < len(tops):
+                        heapq.heappush(frontier, (tops[child][0], next(sequence), None, child))
+                take = tops[index][1]
+                if take in takes or take in self.parked:
+                    continue
+                takes.add(take)
+                if self.heaps[take]:
+                    heapq.heappush(frontier, (self.heaps[take][0][0], next(sequence), take, 0))
+                continue
+            heap = self.heaps[take]
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child][0], next(sequence), take, child))
+            node = key[4]
+            if heap[index][1] == version[node] and node not in seen:
+                seen.add(node)
+                nodes.append(node)
+        return nodes
+
     def cheapest_any(self) -> tuple | None:
         """The key of the cheapest reclaim of all, floors or not (to name the pool in the way)."""
         keys = [key for key in (self.legal_top(), self._parked_top()) if key is not None]
@@ -353,6 +415,14 @@ class _Reclaims:
         return heap[0][0] if heap else None
 
 
+def _count_by_size(demands: list[Demand]) -> dict[int, int]:
+    """How many of the demands want each size, sizes in increasing order."""
+    counts: dict[int, int] = {}
+    for size in sorted(demand.gpus for demand in demands):
+        counts[size] = counts.get(size, 0) + 1
+    return counts
+
+
 def _combined_take(victims: list[_Vm]) -> tuple:
     gpus: dict[int, int] = {}
     replicas: dict[int, int] = {}
@@ -377,6 +447,7 @@ class _Planner:
         self.unsatisfied: list[Unsatisfied] = []
         self.free_heaps: dict[int, list] = {}
         self.reclaims: dict[int, _Reclaims] = {}  # block size -> index, built on first need
+        self.searches: list[tuple[int, bool]] = []  # (states expanded, cut short) per search
         self._build_free_heaps()
         self._begin()
 
@@ -402,6 +473,7 @@ class _Planner:
         tables: dict[tuple, _Table] = {}
         self.tables: list[_Table] = []
         self.ready = [node.state == "ready" for node in nodes]
+        self.ready_nodes = [index for index, ready in enumerate(self.ready) if ready]
         self.failed = [gpu_mask(node.failed_gpus) for node in nodes]
         for node in nodes:
             blocks = partition_table(node, self.fabric)
@@ -510,7 +582,12 @@ class _Planner:
                 return
             self._rollback()
         else:
-            order, failure = self._least_disruptive_order(demands)
+            order, cost, nodes, failure = self._least_disruptive_order(demands)
+            steps = self._search(demands, cost, nodes)
+            if steps is not None:
+                self._place_steps(steps)
+                self._commit()
+                return
             if order is not None:
                 self._place_with_reclaims(order)  # deterministic: as when it was chosen
                 self._commit()
@@ -518,21 +595,21 @@ class _Planner:
         failed, reason = failure
         self._give_up(group, demands, failed, reason)
 
-    def _least_disruptive_order(
-        self, demands: list[Demand]
-    ) -> tuple[list[Demand] | None, tuple[Demand, str] | None]:
+    def _least_disruptive_order(self, demands: list[Demand]) -> tuple:
         """Try the group's orders with reclaims (state rolled back after each). Return the
-        least disruptive order that places the whole group, or None and the first failure."""
+        least disruptive order that places the whole group, its cost and the nodes it uses
+        (or None, None, ()), and the first failure."""
         best = None
         failure = None
         compared = 0
         for order in self._orders(demands):
             attempt = self._place_with_reclaims(order)
-            cost = self._attempt_cost() if attempt is None else None
+            if attempt is None:
+                cost = self._attempt_cost()
+                if best is None or cost < best[0]:
+                    best = (cost, order, tuple(sorted(self._saved)))
             self._rollback()
             if attempt is None:
-                if best is None or cost < best[0]:
-                    best = (cost, order)
                 compared += 1
                 if compared == _MAX_ORDERS_COMPARED:
                     break
@@ -540,7 +617,129 @@ class _Planner:
                 failure = attempt
                 if not self._placeable_alone(attempt[0]):
                     break  # no order can help a demand that fits nowhere even on its own
-        return (best[1] if best else None), failure
+        if best is None:
+            return None, None, (), failure
+        cost, order, nodes = best
+        return order, cost, nodes, failure
+
+    def _search(
+        self, demands: list[Demand], bound: tuple | None, used: tuple[int, ...]
+    ) -> list[tuple[Demand, int, int]] | None:
+        """The exact least disruptive placement of the group (search.py), if it is strictly
+        better than ``bound`` (the key of the planner's own placement, which used the nodes
+        ``used``), as (demand, node, block) steps in order.
+
+        Small sets are searched whole. On a large set the search looks at a region around
+        the planner's placement (see `_region`) and gives up ties: it looks only for a placement
+        of strictly smaller cost, since two victim sets there practically never weigh the same
+        to the microsecond."""
+        whole = len(self.ready_nodes) <= _WHOLE_SET_NODES
+        wanted = _count_by_size(demands)
+        free = self._free_nodes_by_size(wanted)
+        outside_free = [
+            size for size, nodes in free.items() if not whole and len(nodes) > wanted[size] + 1
+        ]
+        if bound is not None and not all(free.values()):
+            # Some size has no free partition at all, so every placement has victims, and
+            # none can cost less than the cheapest single reclaim (see _least_victims).
+            least = self._least_victims(demands, outside_free)
+            if least is not None and (bound == least or (not whole and bound[0] == least[0])):
+                return None
+        region = self.ready_nodes if whole else self._region(demands, bound, used, free, wanted)
+        kinds = [(demand.gpus, self._demand_rank(demand)) for demand in demands]
+        search = GroupSearch(
+            nodes=[
+                (node, self.tables[node], self.fixed[node], self.node_vms[node]) for node in region
+            ],
+            kinds=kinds,
+            held=self.held,
+            floors=self.floors,
+            replicas=self.replicas,
+            min_replicas=self.min_replicas,
+            outside_free=outside_free,
+            budget=_SEARCH_BUDGET if whole else _REGION_SEARCH_BUDGET,
+            ties=whole,
+        )
+        steps = search.run(bound)
+        self.searches.append((search.expanded, search.cut_short))
+        if steps is None:
+            return None
+        waiting: dict[tuple[int, int], list[Demand]] = {}
+        for demand, kind in zip(demands, kinds, strict=True):
+            waiting.setdefault(kind, []).append(demand)
+        for queue in waiting.values():
+            queue.reverse()
+        return [(waiting[search.kinds[kind]].pop(), node, block) for kind, node, block in steps]
+
+    def _least_victims(self, demands: list[Demand], outside_free: list[int]) -> tuple | None:
+        """A lower bound on the key of any placement of the group that preempts someone: the
+        key of the cheapest legal reclaim of a size that may need one (None if none may).
+
+        Every such placement takes at least one partition that held VMs, all of which it
+        preempts, so its cost is at least that partition's; when it is equal, that partition's
+        VMs are all its victims, and its key is that reclaim's."""
+        rank = min(self._demand_rank(demand) for demand in demands)
+        least = None
+        for size in sorted({demand.gpus for demand in demands} - set(outside_free)):
+            key = self._reclaims_of(size).legal_top()
+            if key is not None and -key[0] > rank:
+                candidate = (key[:4], (key[4],), key[5])
+                if least is None or candidate < least:
+                    least = candidate
+        return least
+
+    def _free_nodes_by_size(self, wanted: dict[int, int]) -> dict[int, list[int]]:
+        """Per size, up to two nodes more than the group has demands of that size (``wanted``)
+        that have a free partition of that size, best fit first."""
+        return {size: self._free_nodes(size, count + 2) for size, count in wanted.items()}
+
+    def _region(
+        self,
+        demands: list[Demand],
+        bound: tuple | None,
+        used: tuple[int, ...],
+        free: dict[int, list[int]],
+        wanted: dict[int, int],
+    ) -> list[int]:
+        """The nodes a large set's group search looks at.
+
+        The nodes of the planner's own placement (``used``); per size, one free node more than
+        the group has demands of that size (``free``; if a free partition of that size is left
+        even then, rule 6 forbids every reclaim of that size, and more free nodes would only
+        repeat the same choices); and per size that may need a reclaim, the nodes of the
+        cheapest reclaims the group's best-ranked demand may make, none dearer than ``bound``
+        (a reclaim dearer than a whole placement cannot be part of a cheaper one)."""
+        rank = min(self._demand_rank(demand) for demand in demands)
+        nodes = set(used)
+        for size, free_nodes in free.items():
+            nodes.update(free_nodes[: wanted[size] + 1])
+            if len(free_nodes) > wanted[size] + 1:
+                continue
+            limit = _REGION_RECLAIMS_PER_DEMAND * wanted[size]
+            cost = bound[0] if bound is not None else None
+            nodes.update(self._reclaims_of(size).nearest_nodes(cost, rank, limit))
+        return sorted(nodes)
+
+    def _free_nodes(self, size: int, limit: int) -> list[int]:
+        """Up to ``limit`` nodes with a free partition of this size, best fit first (read only)."""
+        heap = self.free_heaps.get(size, [])
+        version = self.version
+        nodes: list[int] = []
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier and len(nodes) < limit:
+            entry, index = heapq.heappop(frontier)
+            if entry[3] == version[entry[1]]:
+                nodes.append(entry[1])
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return nodes
+
+    def _place_steps(self, steps: list[tuple[Demand, int, int]]) -> None:
+        for demand, node, block in steps:
+            mask = self.tables[node].masks[block]
+            victims = [vm for vm in self.node_vms[node] if vm.mask & mask]
+            self._occupy(node, block, demand, victims)
 
     def _attempt_cost(self) -> tuple:
         victims = self._victims

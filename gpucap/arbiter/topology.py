@@ -17,6 +17,10 @@ from gpucap.arbiter.model import BLOCK_SIZES, Node
 
 Partition = tuple[int, ...]
 
+# Where each block size counts in a best-fit key (planner, search): breaking a free 8 weighs
+# most.
+FIT_SLOT = {8: 0, 4: 1, 2: 2, 1: 3}
+
 
 def block_sizes(fabric: str) -> tuple[int, ...]:
     """The GPU counts a VM may have in a set of this fabric."""

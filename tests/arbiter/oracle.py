@@ -1,9 +1,10 @@
 """Exhaustive search over every legal way to serve demand groups, for small capacity sets.
 
-The planner picks reclaims through indexes and heaps; this module tries every (node, partition)
-for every demand instead, on a plain model of the fleet, so tests can compare the planner's
-disruption to the true minimum. It follows the same rules (DESIGN.md section 3) and the same
-rule-7 cost (`disruption_cost`), and is only fast enough for a handful of nodes.
+The planner picks reclaims through indexes, heaps and a branch-and-bound search; this module
+tries every (node, partition) for every demand in every order instead, on a plain model of the
+fleet, so tests can compare the planner's disruption to the true minimum. It follows the same
+rules (DESIGN.md section 3), checked step by step as the referee in `rules` replays a plan, and
+the same rule-7 cost (`disruption_cost`), and is only fast enough for a handful of nodes.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Oracle:
         free_only = list(self._assign(fleet, demands, (), (), allow_reclaim=False))
         if free_only:
             return free_only
-        return list(self._assign(fleet, demands, (), (), allow_reclaim=True))
+        return list(self._sequences(fleet, demands, (), ()))
 
     def _assign(
         self,
@@ -102,6 +103,48 @@ class Oracle:
                     (*blocks, (node, block)),
                     allow_reclaim=allow_reclaim,
                 )
+
+    def _sequences(
+        self, fleet: Fleet, demands: list[Demand], victims: tuple[str, ...], blocks: tuple
+    ) -> Iterator[tuple[Fleet, tuple[str, ...], tuple]]:
+        """Every legal sequence of steps that places the group with reclaims, its demands in
+        any order. Each step is checked when it happens, as the referee replays a plan: a
+        reclaim preempts only VMs the demand making it may preempt (rules 1 and 3), keeps
+        every floor (rule 2), and happens only when no partition of its size is free at that
+        moment (rule 6); a step may use GPUs an earlier step's victims freed."""
+        if not demands:
+            yield fleet, victims, blocks
+            return
+        tried = set()
+        for position, demand in enumerate(demands):
+            kind = (demand.gpus, self.rank[demand.pool])
+            if kind in tried:
+                continue  # demands alike in size and rank place alike
+            tried.add(kind)
+            rest = demands[:position] + demands[position + 1 :]
+            free_now = self._free_block_exists(fleet, demand.gpus)
+            for node, node_blocks in sorted(self.blocks.items()):
+                for block in node_blocks:
+                    if len(block) != demand.gpus:
+                        continue
+                    after = self._take(fleet, demand, node, block, allow_reclaim=True)
+                    if after is None or (after[1] and free_now):
+                        continue
+                    new_fleet, new_victims = after
+                    yield from self._sequences(
+                        new_fleet, rest, victims + new_victims, (*blocks, (node, block))
+                    )
+
+    def _free_block_exists(self, fleet: Fleet, size: int) -> bool:
+        return any(
+            len(block) == size
+            and not any(
+                (node, index) in fleet.taken or self.holder.get((node, index)) in fleet.running
+                for index in block
+            )
+            for node, node_blocks in self.blocks.items()
+            for block in node_blocks
+        )
 
     def _take(
         self, fleet: Fleet, demand: Demand, node: str, block: tuple[int, ...], allow_reclaim: bool

@@ -281,6 +281,69 @@ def test_a_mixed_rank_group_lets_its_lower_ranked_demands_pick_free_capacity_fir
     assert {p.demand: p.preempts for p in result.placements}["d1"] in {("vm-1",), ("vm-2",)}
 
 
+def test_a_group_that_fits_on_free_capacity_preempts_no_one_even_where_best_fit_misses_it():
+    # Best fit gives the 4-GPU demand n001's free half (it breaks no free 8), and then the
+    # 2-GPU demand finds no free pair: n002's table has none. Rule 6 still holds: the 4-GPU
+    # demand fits on n002, the pair on n001, and nobody is preempted.
+    halves = ((0, 1, 2, 3, 4, 5, 6, 7), (0, 1, 2, 3), (4, 5, 6, 7))
+    result = plan(
+        snapshot(
+            nodes=[Node("n001", 8), Node("n002", 8, partitions=halves)],
+            vms=[vm("vm-1", "spot", "n001", (4, 5, 6, 7))],
+            demands=[demand("d1", "chat", 4, group="job"), demand("d2", "chat", 2, group="job")],
+        )
+    )
+    assert result.complete and result.preemptions == ()
+    assert {p.demand: p.node for p in result.placements} == {"d1": "n002", "d2": "n001"}
+
+
+def test_a_group_prefers_one_victim_whose_freed_gpus_serve_two_of_its_demands():
+    # Each 4-GPU demand alone would reclaim a 4-GPU VM on n002 (4 GPUs beat 8). For the pair,
+    # vm-big's 8 GPUs serve both: as many GPUs as vm-a and vm-b together, but one VM.
+    result = plan(
+        snapshot(
+            nodes=[Node("n001", 8), Node("n002", 8)],
+            vms=[
+                vm("vm-big", "spot", "n001", tuple(range(8))),
+                vm("vm-a", "spot", "n002", (0, 1, 2, 3), minute=100),
+                vm("vm-b", "spot", "n002", (4, 5, 6, 7), minute=100),
+            ],
+            demands=[demand("d1", "chat", 4, group="job"), demand("d2", "chat", 4, group="job")],
+        )
+    )
+    assert [p.vm for p in result.preemptions] == ["vm-big"]
+    assert [(p.node, p.preempts) for p in result.placements] == [
+        ("n001", ("vm-big",)),
+        ("n001", ()),
+    ]
+
+
+def test_a_group_member_may_use_gpus_another_member_reclaims_from_a_pool_it_may_not_touch():
+    # batch (rank 3) may not preempt train (rank 2); chat (rank 1) may. The group is placed in
+    # the order that works: d1 reclaims vm-1, and d2 takes the half that vm-1 leaves free.
+    pools = [
+        Pool("chat", "inference", 1, 0),
+        Pool("train", "spot", 2, 0),
+        Pool("batch", "spot", 3, 0),
+    ]
+    result = plan(
+        snapshot(
+            pools=pools,
+            vms=[vm("vm-1", "train", "n001", tuple(range(8)))],
+            demands=[
+                demand("d1", "chat", 4, group="g", minute=301),
+                demand("d2", "batch", 4, group="g", minute=300),
+            ],
+        )
+    )
+    assert result.complete
+    assert [(p.demand, p.preempts) for p in result.placements] == [
+        ("d1", ("vm-1",)),
+        ("d2", ()),
+    ]
+    assert [p.for_demand for p in result.preemptions] == ["d1"]
+
+
 def test_groups_are_served_by_rank_then_request_time_then_id():
     pools = [*standard_pools(), Pool("batch", "spot", 4, 0)]
     demands = [

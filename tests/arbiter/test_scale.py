@@ -1,5 +1,6 @@
 """Planning stays near linear on the fleets that used to hurt: floors that bind on every
-reclaim, and groups that fail over and over. (The throughput figures are in bench/.)"""
+reclaim, groups that fail over and over, and large groups that the group search could spend
+long on. (The throughput figures are in bench/.)"""
 
 import gc
 import random
@@ -63,4 +64,19 @@ def test_floors_that_bind_everywhere_do_not_make_planning_quadratic():
     small = seconds_to_plan(floor_bound_fleet(400))
     large = seconds_to_plan(floor_bound_fleet(1600))
     # Four times the nodes and demands: linear is x4. Quadratic (as once) was x16 and more.
+    assert large < 8 * small + 0.05, (small, large)
+
+
+def fleet_of_large_groups(nodes: int) -> dict:
+    """The bench's set with its demands gathered into groups of eight (mixed sizes and pools):
+    the group search's worst case, which its budget keeps bounded."""
+    data = generate(nodes, random.Random(7))
+    for position, demand in enumerate(data["demands"]):
+        demand["group"] = f"job-{position // 8:04d}"
+    return data
+
+
+def test_large_groups_do_not_make_planning_explode():
+    small = seconds_to_plan(fleet_of_large_groups(400))
+    large = seconds_to_plan(fleet_of_large_groups(1600))
     assert large < 8 * small + 0.05, (small, large)
