@@ -27,6 +27,20 @@ def capacity_set_bump(*, capacity_set_id: int | None) -> None:
     )
 
 
+def _field_change(obj, field: str, value, *, verb: str, actor: Actor, capacity_set_id=None):
+    """Set one field of a locked row, bump the set's generation when the change can alter a
+    plan (``capacity_set_id`` given) and audit it. Setting the value it already has is a no-op."""
+    before = getattr(obj, field)
+    if before == value:
+        return obj
+    setattr(obj, field, value)
+    extra = ["updated_at"] if any(f.name == "updated_at" for f in obj._meta.fields) else []
+    obj.save(update_fields=[field, *extra])
+    capacity_set_bump(capacity_set_id=capacity_set_id)
+    audit_record(actor=actor, verb=verb, target=obj, before={field: before}, after={field: value})
+    return obj
+
+
 # --- clusters ---------------------------------------------------------------------------------
 
 
@@ -260,20 +274,14 @@ def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
     if health not in Gpu.Health.values:
         raise ValidationError({"health": f"unknown health {health!r}; choose ok or failed"})
     gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
-    if gpu.health == health:
-        return gpu
-    before = gpu.health
-    gpu.health = health
-    gpu.save(update_fields=["health"])
-    capacity_set_bump(capacity_set_id=gpu.node.capacity_set_id)
-    audit_record(
-        actor=actor,
+    return _field_change(
+        gpu,
+        "health",
+        health,
         verb="gpu.health",
-        target=gpu,
-        before={"health": before},
-        after={"health": health},
+        actor=actor,
+        capacity_set_id=gpu.node.capacity_set_id,
     )
-    return gpu
 
 
 # --- capacity sets ----------------------------------------------------------------------------
@@ -326,19 +334,10 @@ def capacity_set_update(
             {"notice_seconds": f"must be between 1 and 86400 seconds, got {notice_seconds!r}"}
         )
     capacity_set = CapacitySet.objects.select_for_update().get(pk=capacity_set.pk)
-    before = capacity_set.notice_seconds
-    if before == notice_seconds:
-        return capacity_set
-    capacity_set.notice_seconds = notice_seconds
-    capacity_set.save(update_fields=["notice_seconds", "updated_at"])
-    audit_record(
-        actor=actor,
-        verb="capacity_set.update",
-        target=capacity_set,
-        before={"notice_seconds": before},
-        after={"notice_seconds": notice_seconds},
+    # The notice length changes no plan: no generation bump.
+    return _field_change(
+        capacity_set, "notice_seconds", notice_seconds, verb="capacity_set.update", actor=actor
     )
-    return capacity_set
 
 
 def capacity_set_gpu_total(*, capacity_set: CapacitySet) -> int:
@@ -544,20 +543,14 @@ def pool_set_floor(*, pool: Pool, floor_gpus: int, actor: Actor = None) -> Pool:
         floor_gpus=floor_gpus,
         other_pools=_pools_of(pool.capacity_set).exclude(pk=pool.pk),
     )
-    before = pool.floor_gpus
-    if before == floor_gpus:
-        return pool
-    pool.floor_gpus = floor_gpus
-    pool.save(update_fields=["floor_gpus"])
-    capacity_set_bump(capacity_set_id=pool.capacity_set_id)
-    audit_record(
-        actor=actor,
+    return _field_change(
+        pool,
+        "floor_gpus",
+        floor_gpus,
         verb="pool.set_floor",
-        target=pool,
-        before={"floor_gpus": before},
-        after={"floor_gpus": floor_gpus},
+        actor=actor,
+        capacity_set_id=pool.capacity_set_id,
     )
-    return pool
 
 
 @transaction.atomic
