@@ -19,6 +19,12 @@ from gpucap.notices.api import (
     NoticeViewSet,
     VmReclaimView,
 )
+from gpucap.plans.api import (
+    CapacitySetModeView,
+    CapacitySetPlanView,
+    CapacitySetWhatIfView,
+    PlanViewSet,
+)
 from gpucap.rentals.api import VirtualMachineViewSet
 from gpucap.tenancy.api import ObtainTokenView, TenantViewSet
 
@@ -31,6 +37,7 @@ router.register("pools", PoolViewSet, basename="pool")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("vms", VirtualMachineViewSet, basename="vm")
 router.register("notices", NoticeViewSet, basename="notice")
+router.register("plans", PlanViewSet, basename="plan")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),
@@ -46,6 +53,21 @@ urlpatterns = [
         name="api-capacity-set-drain",
     ),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
+    path(
+        "capacity-sets/<int:id>/plan/",
+        CapacitySetPlanView.as_view(),
+        name="api-capacity-set-plan",
+    ),
+    path(
+        "capacity-sets/<int:id>/mode/",
+        CapacitySetModeView.as_view(),
+        name="api-capacity-set-mode",
+    ),
+    path(
+        "capacity-sets/<int:id>/what-if/",
+        CapacitySetWhatIfView.as_view(),
+        name="api-capacity-set-what-if",
+    ),
     *router.urls,
     re_path(r"^", endpoint_not_found),
 ]

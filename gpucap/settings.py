@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "gpucap.rentals",
     "gpucap.usage",
     "gpucap.notices",
+    "gpucap.plans",
 ]
 
 MIDDLEWARE = [
@@ -165,6 +166,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "notices.sweep",
         "schedule": float(env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)),
     },
+    # Every set is planned this often even when nothing asked (changes ask at once, debounced).
+    "plans-tick-all": {
+        "task": "plans.tick_all",
+        "schedule": float(env_int("PLANS_INTERVAL_SECONDS", 30, minimum=1)),
+    },
+    "plans-prune": {"task": "plans.prune", "schedule": crontab(minute=41)},
     "notices-metadata-resync": {
         "task": "notices.metadata_resync",
         "schedule": float(env_int("METADATA_RESYNC_SECONDS", 60, minimum=1)),
@@ -177,6 +184,11 @@ NOTICES_SWEEP_BATCH = env_int("NOTICES_SWEEP_BATCH", 500, minimum=1)
 METADATA_REDIS_URL = env_str("METADATA_REDIS_URL", REDIS_URL)
 # Addresses of the per-node proxies whose X-Forwarded-For the metadata endpoint believes.
 METADATA_TRUSTED_PROXIES = env_list("METADATA_TRUSTED_PROXIES", [])
+
+# The planning loop (gpucap.plans): how long a change waits for others before its set is planned,
+# and how many plans of each set the history keeps.
+PLANS_DEBOUNCE_SECONDS = env_int("PLANS_DEBOUNCE_SECONDS", 1, minimum=0)
+PLANS_KEEP_PER_SET = env_int("PLANS_KEEP_PER_SET", 500, minimum=10)
 
 # How Celery tasks drive VMs through their cluster's driver (gpucap.rentals.tasks).
 RENTALS_DRIVER_MAX_RETRIES = env_int("RENTALS_DRIVER_MAX_RETRIES", 5, minimum=0)

@@ -315,7 +315,7 @@ class CapacitySetCreateSerializer(InputSerializer):
 
 
 class CapacitySetUpdateSerializer(InputSerializer):
-    hints = {"mode": "switching a set between dry_run and enforce is not done here"}
+    hints = {"mode": "switch the mode with POST /api/capacity-sets/{id}/mode/ (audited)"}
 
     notice_seconds = serializers.IntegerField(help_text="Interruption notice, 1 to 86400 seconds.")
 

@@ -12,6 +12,7 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric, Gpu, Node, Pool
 from gpucap.fleet.topology import partition_table_problems
+from gpucap.plans.triggers import replan_soon
 
 NVSWITCH_BLOCK_SIZES = (1, 2, 4, 8)
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
@@ -19,12 +20,14 @@ _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
 
 def capacity_set_bump(*, capacity_set_id: int | None) -> None:
-    """Record that something a plan depends on changed. A no-op for standalone nodes/pools."""
+    """Record that something a plan depends on changed, and ask for a prompt replan of the set
+    once the change commits. A no-op for standalone nodes/pools."""
     if capacity_set_id is None:
         return
     CapacitySet.objects.filter(pk=capacity_set_id).update(
         generation=F("generation") + 1, updated_at=timezone.now()
     )
+    replan_soon(capacity_set_id)
 
 
 def _field_change(obj, field: str, value, *, verb: str, actor: Actor, capacity_set_id=None):

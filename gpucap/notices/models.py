@@ -27,6 +27,14 @@ class InterruptionNotice(models.Model):
     issued_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    plan = models.ForeignKey(
+        "plans.Plan",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="notices",
+        help_text="The arbiter's plan that sent the notice (reason arbiter).",
+    )
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)

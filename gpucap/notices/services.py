@@ -37,6 +37,7 @@ def notice_issue(
     message: str = "",
     preempted_for: VirtualMachine | None = None,
     seconds: int | None = None,
+    plan=None,
 ) -> InterruptionNotice:
     """Warn a running VM that it will be stopped at the deadline. Issuing twice is harmless: a
     VM with an open notice keeps it (and its deadline)."""
@@ -69,6 +70,7 @@ def notice_issue(
         issued_at=now,
         deadline=now + timedelta(seconds=seconds),
         issued_by=actor if actor is not None and actor.is_authenticated else None,
+        plan=plan,
     )
     rentals.vm_transition(
         vm=locked,

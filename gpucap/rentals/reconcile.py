@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gpucap import locks
 from gpucap.audit.services import audit_record
 from gpucap.drivers.base import FAILED, MISSING, RUNNING, STOPPED, DriverError, VmStatus
 from gpucap.drivers.registry import driver_for
@@ -43,8 +44,6 @@ State = VirtualMachine.State
 
 LOST_BY_HYPERVISOR = "the hypervisor no longer knows this VM"
 _CHECKED = (State.PROVISIONING, State.RUNNING, State.NOTIFIED, State.STOPPING)
-# First key of the two-key PostgreSQL advisory locks taken for driver work on one VM.
-_DRIVER_LOCK_CLASS = 0x67707663
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def vm_driver_lock(vm_id: int) -> Iterator[bool]:
 
     A PostgreSQL session advisory lock, so it is released when the holder's connection ends,
     a worker killed with SIGKILL included. It is never held while waiting for another."""
-    key = (_DRIVER_LOCK_CLASS, _int4(vm_id))
+    key = locks.key(locks.DRIVER_WORK, vm_id)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
         taken = cursor.fetchone()[0]
@@ -79,10 +78,6 @@ def vm_driver_lock(vm_id: int) -> Iterator[bool]:
         if taken:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
-
-
-def _int4(value: int) -> int:
-    return (value + 2**31) % 2**32 - 2**31
 
 
 def vms_reconcile(

@@ -316,16 +316,18 @@ def vm_stop_for_notice(*, vm: VirtualMachine, message: str = "") -> VirtualMachi
 
 
 def vm_preempt(
-    *, vm: VirtualMachine, for_vm: VirtualMachine, actor: Actor = None
+    *, vm: VirtualMachine, for_vm: VirtualMachine, actor: Actor = None, message: str = ""
 ) -> VirtualMachine:
-    """Stop a standalone spot VM at once, with no notice, for a higher-priority placement
-    (as Kubernetes scheduler preemption does). It resumes when capacity returns."""
+    """Stop a VM at once, with no notice, for a higher-priority placement: a standalone spot VM
+    (as Kubernetes scheduler preemption does), or a capacity set's victim that is still booting
+    (no guest to warn yet). A spot VM resumes when capacity returns."""
     return _stop(
         vm=vm,
         reason=StopReason.PREEMPTED,
         actor=actor,
         preempted_for=for_vm,
-        message=f"preempted without notice for {for_vm.instance_id} (pool {for_vm.pool.name}, "
+        message=message
+        or f"preempted without notice for {for_vm.instance_id} (pool {for_vm.pool.name}, "
         f"rank {for_vm.pool.rank}) outside a capacity set",
     )
 

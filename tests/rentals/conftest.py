@@ -97,13 +97,22 @@ def vm_in(fleet_east, tenant) -> Callable[..., VirtualMachine]:
 @pytest.fixture
 def sent_tasks(monkeypatch) -> list[tuple[str, list]]:
     """Every task a service sends, as ``(name, args)``, instead of going to the broker. With
-    ``django_capture_on_commit_callbacks(execute=True)`` it shows what is sent on commit."""
+    ``django_capture_on_commit_callbacks(execute=True)`` it shows what is sent on commit. The
+    planning loop's ticks (``plans.*``, sent by any change to a capacity set) are left out;
+    tests/plans records those with ``sent_plan_tasks``."""
+    return _record_sent(monkeypatch, lambda name: not name.startswith("plans."))
+
+
+def _record_sent(monkeypatch, keep: Callable[[str], bool]) -> list[tuple[str, list]]:
     from gpucap.celery import app
 
     sent: list[tuple[str, list]] = []
-    monkeypatch.setattr(
-        app, "send_task", lambda name, args=None, **options: sent.append((name, list(args or [])))
-    )
+
+    def send_task(name, args=None, **options):
+        if keep(name):
+            sent.append((name, list(args or [])))
+
+    monkeypatch.setattr(app, "send_task", send_task)
     return sent
 
 

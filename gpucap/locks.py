@@ -1,0 +1,31 @@
+"""PostgreSQL advisory locks, in one place so their keys never collide.
+
+gpucap uses the two-key form ``(class, object id)``: the class says what the id is, so ids of
+different tables never collide (and two-key locks never collide with one-key bigint locks).
+Classes are four ASCII letters read as a 32-bit integer:
+
+=================  ======  ===========================================  =====================
+class              letters  id                                          held by
+=================  ======  ===========================================  =====================
+``DRIVER_WORK``    gpvc    a VM: driver work on it                      session (reconcile)
+``STANDALONE``     gpsp    a cluster: standalone placement              transaction
+``CAPACITY_SET``   gpcs    a capacity set: planning and applying plans  transaction
+=================  ======  ===========================================  =====================
+"""
+
+from django.db import connection
+
+DRIVER_WORK = 0x67707663
+STANDALONE = 0x67707370
+CAPACITY_SET = 0x67706373
+
+
+def key(lock_class: int, object_id: int) -> tuple[int, int]:
+    """The two int4 keys PostgreSQL takes for ``object_id`` (wrapped into int4 range)."""
+    return lock_class, (object_id + 2**31) % 2**32 - 2**31
+
+
+def xact_lock(lock_class: int, object_id: int) -> None:
+    """Wait for the lock; it is held until the current transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", key(lock_class, object_id))

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PlansConfig(AppConfig):
+    name = "gpucap.plans"
+    verbose_name = "Capacity plans"

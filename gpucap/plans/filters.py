@@ -1,0 +1,17 @@
+"""django-filter FilterSet for the plans API's list endpoint."""
+
+import django_filters
+
+from gpucap.fleet.filters import IdFilter
+from gpucap.plans.models import Plan
+
+
+class PlanFilter(django_filters.FilterSet):
+    capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
+    capacity_set_name = django_filters.CharFilter(
+        field_name="capacity_set__name", label="Capacity set name"
+    )
+
+    class Meta:
+        model = Plan
+        fields = {"status": ["exact"]}

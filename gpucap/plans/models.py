@@ -1,0 +1,155 @@
+"""Stored plans: what the arbiter proposed for one capacity set at one generation, and what
+became of it. Plans are history: a newer plan supersedes an older proposal, nothing is edited
+or deleted except by retention (`plans.services.plans_prune`)."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from gpucap.fleet.models import CapacitySet, Node, Pool
+from gpucap.rentals.models import VirtualMachine
+from gpucap.tenancy.models import Tenant
+
+
+class Plan(models.Model):
+    class Status(models.TextChoices):
+        PROPOSED = "proposed", "Proposed"  # the latest plan, not applied (yet)
+        APPLIED = "applied", "Applied"  # approved by an operator, or made under enforcement
+        SUPERSEDED = "superseded", "Superseded"  # a newer plan replaced it before it was applied
+        REFUSED = "refused", "Refused"  # an apply found the set changed; nothing was done
+
+    class Trigger(models.TextChoices):
+        PERIODIC = "periodic", "Periodic"
+        CHANGE = "change", "Set changed"
+        APPROVAL = "approval", "Fresh plan for a stale approval"
+        OPERATOR = "operator", "Operator asked"
+
+    capacity_set = models.ForeignKey(CapacitySet, on_delete=models.CASCADE, related_name="plans")
+    generation = models.BigIntegerField(help_text="The set's generation the plan was made from.")
+    mode = models.CharField(
+        max_length=16, choices=CapacitySet.Mode.choices, help_text="The set's mode at the time."
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROPOSED)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.PERIODIC)
+    complete = models.BooleanField(help_text="Every demand group of the set was satisfied.")
+    # Summary counts, so lists and history need no join.
+    demands = models.PositiveIntegerField(default=0)
+    placements = models.PositiveIntegerField(default=0)
+    preemptions = models.PositiveIntegerField(default=0)
+    preempted_gpus = models.PositiveIntegerField(default=0)
+    unsatisfied = models.PositiveIntegerField(default=0)
+    # Each pool of the set before and after the plan: [{"pool", "name", "rank", "kind",
+    # "floor_gpus", "before_gpus", "after_gpus", "pending_gpus"}] in rank order.
+    pools = models.JSONField(default=list)
+    # What the plan does, as a stable digest: two plans with the same digest act the same.
+    digest = models.CharField(max_length=64)
+    planning_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    status_message = models.TextField(blank=True, help_text="Why it was refused, in words.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["capacity_set", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["proposed", "applied", "superseded", "refused"]),
+                name="plan_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(mode__in=["dry_run", "enforce"]), name="plan_mode_valid"
+            ),
+            # At most one live proposal per set: the page's Approve button has one target.
+            models.UniqueConstraint(
+                fields=["capacity_set"],
+                condition=Q(status="proposed"),
+                name="plan_one_proposal_per_set",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="applied") | Q(applied_at__isnull=False),
+                name="plan_applied_has_time",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"plan {self.pk} of {self.capacity_set.name} (generation {self.generation})"
+
+    @property
+    def has_actions(self) -> bool:
+        return bool(self.placements or self.preemptions)
+
+
+class PlanAction(models.Model):
+    """One line of a plan: a placement (a pending VM gets GPUs), a preemption (a running VM gets
+    a notice for a placement) or an unsatisfied demand (and why)."""
+
+    class Kind(models.TextChoices):
+        PLACEMENT = "placement", "Placement"
+        PREEMPTION = "preemption", "Preemption"
+        UNSATISFIED = "unsatisfied", "Unsatisfied"
+
+    class Progress(models.TextChoices):
+        # Where an applied placement or preemption is. Unapplied plans leave it blank.
+        DONE = "done", "Done"  # notice sent, or VM placed
+        WAITING = "waiting", "Waiting for its victims to stop"
+        MISSED = "missed", "Could not be completed"  # the VM or its GPUs changed meanwhile
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="actions")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    position = models.PositiveIntegerField(help_text="Order within the plan and kind.")
+    # The demand's VM for placements and unsatisfied demands; the victim for preemptions.
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="plan_actions")
+    # Preemptions: the VM whose placement takes the victim's GPUs.
+    for_vm = models.ForeignKey(
+        VirtualMachine,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="plan_actions_for",
+    )
+    # Copied from the VM at planning time: the preview shows the VM as the plan saw it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE)
+    gpus = models.JSONField(default=list, help_text="GPU indices on the node.")
+    group = models.CharField(max_length=128, blank=True)
+    running_since = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    progress = models.CharField(max_length=16, choices=Progress.choices, blank=True)
+    progress_message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["plan", "kind", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["plan", "kind", "position"], name="planaction_position_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["placement", "preemption", "unsatisfied"]),
+                name="planaction_kind_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(progress__in=["", "done", "waiting", "missed"]),
+                name="planaction_progress_valid",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="preemption") | Q(for_vm__isnull=False, node__isnull=False),
+                name="planaction_preemption_has_beneficiary",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="placement") | Q(node__isnull=False),
+                name="planaction_placement_has_node",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["progress"], condition=Q(progress="waiting"), name="planaction_waiting"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.position} of plan {self.plan_id}"

@@ -1,0 +1,359 @@
+"""The live fleet as the arbiter sees it: the database -> `gpucap.arbiter.model.Snapshot`.
+
+One translation serves both places the arbiter plans:
+
+- a capacity set (`capacity_set_snapshot`): the set's nodes and pools, with the pools' real
+  kinds (inference replicas may be reclaimed down to their floors);
+- the standalone nodes of a cluster, per hardware class (`gpucap.rentals.placement`): there
+  on-demand and inference pools enter as ``on_demand``, so only spot VMs can be preempted.
+
+What goes in:
+
+- nodes with their partition tables, state and failed GPUs;
+- pools with rank and floor;
+- every VM holding GPUs on these nodes: ``running`` (provisioning or running) or ``notified``
+  (under notice or stopping: leaving, its GPUs reserved, never a victim again). A VM of a pool
+  outside the snapshot (placed by hand, or left when a node changed sets) enters under the
+  pseudo-pool ``(other pools)``, ranked below every pool and never preempted. A VM holding GPUs
+  that are not one partition of its node's table cannot be expressed; those GPUs are marked
+  unusable (as if failed) and the VM is left alone;
+- pending VMs as demands, one group each, except VMs whose victims are still leaving: their
+  victims' GPUs (and the free rest of their block) are reserved for them instead, so they get
+  no second round of victims.
+
+Loading is a fixed number of queries whatever the fleet's size (`LiveCapacity.load`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Exists, OuterRef, QuerySet
+from django.utils import timezone
+
+from gpucap.arbiter import model as am
+from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
+from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
+from gpucap.rentals.models import Allocation, VirtualMachine
+
+logger = logging.getLogger(__name__)
+
+State = VirtualMachine.State
+
+# What the arbiter sees of a VM's state: GPUs of a VM that is leaving are reserved, and such a VM
+# is never chosen as a victim again.
+SNAPSHOT_STATE = {
+    State.PROVISIONING: "running",
+    State.RUNNING: "running",
+    State.NOTIFIED: "notified",
+    State.STOPPING: "notified",
+}
+# VMs already on their way out for a placement: that placement waits for them.
+IN_FLIGHT = (State.NOTIFIED, State.STOPPING)
+# The snapshot pool standing for VMs on these nodes that belong to no pool of the snapshot.
+OTHER_POOLS = "(other pools)"
+
+Hardware = tuple[str, str]  # (GPU model, fabric)
+
+
+@dataclass
+class LiveCapacity:
+    """Nodes, pools, the VMs holding GPUs on the nodes and the pools' pending VMs, read once."""
+
+    now: datetime
+    pools: dict[int, Pool]
+    nodes: dict[int, Node]
+    failed: dict[int, set[int]]  # node id -> failed GPU indices
+    holders: dict[int, VirtualMachine]  # VMs holding GPUs on these nodes
+    held: dict[int, dict[int, list[int]]]  # VM id -> node id -> GPU indices
+    victims: dict[int, list[int]]  # pending VM id -> ids of its victims still leaving
+    pending: list[VirtualMachine]  # annotated with ``waits_for_victims``
+
+    @classmethod
+    def load(cls, *, nodes: QuerySet[Node], pools: QuerySet[Pool]) -> LiveCapacity:
+        """Five queries, whatever the number of nodes, GPUs and VMs."""
+        pools_by_id = {pool.pk: pool for pool in pools}
+        nodes_by_id = {node.pk: node for node in nodes}
+        failed: dict[int, set[int]] = defaultdict(set)
+        for node_id, index in Gpu.objects.filter(
+            node_id__in=nodes_by_id, health=Gpu.Health.FAILED
+        ).values_list("node_id", "index"):
+            failed[node_id].add(index)
+        held: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+        holders: dict[int, VirtualMachine] = {}
+        for allocation in Allocation.objects.filter(
+            released_at=None, gpu__node_id__in=nodes_by_id
+        ).select_related("vm__tenant", "gpu"):
+            held[allocation.vm_id][allocation.gpu.node_id].append(allocation.gpu.index)
+            holders[allocation.vm_id] = allocation.vm
+        in_flight = VirtualMachine.objects.filter(preempted_for=OuterRef("pk"), state__in=IN_FLIGHT)
+        pending = list(
+            VirtualMachine.objects.filter(state=State.PENDING, pool_id__in=pools_by_id)
+            .annotate(waits_for_victims=Exists(in_flight))
+            .select_related("pool", "tenant")
+            .order_by("requested_at", "pk")
+        )
+        victims: dict[int, list[int]] = defaultdict(list)
+        for vm in holders.values():
+            if vm.preempted_for_id is not None and vm.state in IN_FLIGHT:
+                victims[vm.preempted_for_id].append(vm.pk)
+        return cls(
+            now=timezone.now(),
+            pools=pools_by_id,
+            nodes=nodes_by_id,
+            failed=failed,
+            holders=holders,
+            held=held,
+            victims=victims,
+            pending=pending,
+        )
+
+    def demand_classes(self) -> set[Hardware]:
+        return {(vm.pool.gpu_model, vm.pool.fabric) for vm in self.pending}
+
+    def vms_by_instance(self) -> dict[str, VirtualMachine]:
+        """Every VM the snapshot names (pending and holding), by instance id."""
+        found = {vm.instance_id: vm for vm in self.holders.values()}
+        found.update({vm.instance_id: vm for vm in self.pending})
+        return found
+
+    def snapshot(
+        self,
+        hardware: Hardware,
+        *,
+        name: str,
+        pool_kind: Callable[[Pool], str] = lambda pool: pool.kind,
+        extra_demands: Iterable[am.Demand] = (),
+    ) -> am.Snapshot:
+        """The arbiter's snapshot of this capacity's nodes and pools of one hardware class.
+        ``pool_kind`` maps a pool to the kind the arbiter sees; ``extra_demands`` are added
+        after the pending VMs (a what-if)."""
+        gpu_model, fabric = hardware
+        pools = {
+            pool_id: pool
+            for pool_id, pool in self.pools.items()
+            if (pool.gpu_model, pool.fabric) == hardware
+        }
+        nodes = ClassNodes(
+            fabric,
+            {
+                node_id: node
+                for node_id, node in self.nodes.items()
+                if (node.gpu_model, node.fabric) == hardware
+            },
+            self.failed,
+        )
+        vms = list(self._holding_vms(pools, nodes))
+        vms.extend(self._reservations(pools, nodes))
+        snapshot_pools = [
+            am.Pool(
+                name=pool.name, kind=pool_kind(pool), rank=pool.rank, floor_gpus=pool.floor_gpus
+            )
+            for pool in pools.values()
+        ]
+        if any(vm.pool == OTHER_POOLS for vm in vms):
+            lowest = max((pool.rank for pool in pools.values()), default=0)
+            snapshot_pools.append(am.Pool(name=OTHER_POOLS, kind="on_demand", rank=lowest + 1))
+        return am.Snapshot(
+            capacity_set=am.CapacitySet(name=name, fabric=fabric, gpu_model=gpu_model),
+            nodes=nodes.snapshot_nodes(),
+            pools=tuple(sorted(snapshot_pools, key=lambda pool: pool.rank)),
+            vms=tuple(vms),
+            demands=(*self._demands(pools), *extra_demands),
+            now=self.now,
+        )
+
+    def _holding_vms(self, pools: dict[int, Pool], nodes: ClassNodes) -> Iterable[am.Vm]:
+        for vm_id, by_node in sorted(self.held.items()):
+            vm = self.holders[vm_id]
+            here = {node_id: gpus for node_id, gpus in by_node.items() if node_id in nodes.nodes}
+            if not here:
+                continue
+            node_id, gpus = next(iter(here.items()))
+            if len(by_node) != 1 or not nodes.is_partition(node_id, gpus):
+                # Placed by hand on GPUs that are not one partition of the table: leave it alone.
+                logger.warning(
+                    "%s holds GPUs %s that are not one partition of a node's table; the arbiter "
+                    "leaves them alone",
+                    vm.instance_id,
+                    {self.nodes[n].hostname: sorted(g) for n, g in by_node.items()},
+                )
+                for other_node, other_gpus in here.items():
+                    nodes.make_unusable(other_node, other_gpus)
+                continue
+            yield am.Vm(
+                id=vm.instance_id,
+                pool=pools[vm.pool_id].name if vm.pool_id in pools else OTHER_POOLS,
+                node=nodes.nodes[node_id].hostname,
+                gpus=tuple(sorted(gpus)),
+                started_at=vm.started_at or self.now,
+                state=SNAPSHOT_STATE[vm.state],
+                tenant=vm.tenant.slug,
+            )
+            nodes.hold(node_id, gpus)
+
+    def _reservations(self, pools: dict[int, Pool], nodes: ClassNodes) -> list[am.Vm]:
+        """Keep the whole block of a VM that waits for its victims, not only the victims' GPUs:
+        when a victim held only part of the block, the free rest must not go to a lower-ranked
+        request meanwhile. The rest enters the snapshot as VMs under notice (reserved, never
+        victims), or as unusable GPUs when it is no union of the table's partitions."""
+        reserved = []
+        for vm in self.pending:
+            if vm.pool_id not in pools or not vm.waits_for_victims:
+                continue
+            victims: dict[int, int] = defaultdict(int)  # node id -> mask of the victims' GPUs
+            for victim_id in self.victims.get(vm.pk, ()):
+                for node_id, gpus in self.held[victim_id].items():
+                    if node_id in nodes.nodes:
+                        victims[node_id] |= gpu_mask(gpus)
+            for node_id, theirs in sorted(victims.items()):
+                blocks = [
+                    block
+                    for block in nodes.tables[node_id]
+                    if len(block) == vm.gpu_count
+                    and gpu_mask(block) & theirs
+                    and not gpu_mask(block) & nodes.busy[node_id] & ~theirs
+                ]
+                if not blocks or any(not gpu_mask(block) & ~theirs for block in blocks):
+                    continue  # the victims' GPUs (reserved already) make a whole block
+                rest = [index for index in blocks[0] if not theirs & (1 << index)]
+                pieces = _cover(rest, nodes.tables[node_id])
+                if pieces is None:
+                    nodes.make_unusable(node_id, rest)
+                    continue
+                nodes.hold(node_id, rest)
+                reserved.extend(
+                    am.Vm(
+                        id=f"{vm.instance_id}/reserved-{n}",
+                        pool=OTHER_POOLS,
+                        node=nodes.nodes[node_id].hostname,
+                        gpus=piece,
+                        started_at=self.now,
+                        state="notified",
+                    )
+                    for n, piece in enumerate(pieces, start=1)
+                )
+        return reserved
+
+    def _demands(self, pools: dict[int, Pool]) -> Iterable[am.Demand]:
+        for vm in self.pending:
+            if vm.pool_id not in pools:
+                continue
+            if vm.waits_for_victims:
+                # Its victims are stopping and their GPUs are reserved for it: no second round
+                # of victims. It is placed once they are off.
+                continue
+            if gpu_count_problem(vm.pool.fabric, vm.gpu_count):
+                continue  # vm_request refuses these; nothing here could place it
+            yield am.Demand(
+                id=vm.instance_id,
+                group=vm.instance_id,
+                pool=vm.pool.name,
+                gpus=vm.gpu_count,
+                requested_at=vm.requested_at,
+            )
+
+
+class ClassNodes:
+    """The nodes of one hardware class, with their partition tables, the GPUs held on them, and
+    the GPUs no placement may take and no preemption may free ("unusable": failed cards, and
+    cards held in a way the snapshot cannot express)."""
+
+    def __init__(self, fabric: str, nodes: dict[int, Node], failed: dict[int, set[int]]):
+        self.nodes = nodes
+        self.tables = {
+            node_id: partition_table(self._arbiter_node(node), fabric)
+            for node_id, node in nodes.items()
+        }
+        self.masks = {
+            node_id: frozenset(gpu_mask(block) for block in table)
+            for node_id, table in self.tables.items()
+        }
+        self.unusable = {node_id: set(failed.get(node_id, ())) for node_id in nodes}
+        self.busy = {node_id: gpu_mask(self.unusable[node_id]) for node_id in nodes}
+
+    @staticmethod
+    def _arbiter_node(node: Node, failed: tuple[int, ...] = ()) -> am.Node:
+        return am.Node(
+            name=node.hostname,
+            gpus=node.gpu_count,
+            state=node.state,
+            failed_gpus=failed,
+            partitions=tuple(tuple(b) for b in node.partitions) if node.partitions else None,
+        )
+
+    def is_partition(self, node_id: int, gpus: list[int]) -> bool:
+        return gpu_mask(gpus) in self.masks[node_id]
+
+    def hold(self, node_id: int, gpus) -> None:
+        self.busy[node_id] |= gpu_mask(gpus)
+
+    def make_unusable(self, node_id: int, gpus) -> None:
+        self.unusable[node_id].update(gpus)
+        self.hold(node_id, gpus)
+
+    def snapshot_nodes(self) -> tuple[am.Node, ...]:
+        return tuple(
+            self._arbiter_node(node, tuple(sorted(self.unusable[node_id])))
+            for node_id, node in sorted(self.nodes.items(), key=lambda item: item[1].hostname)
+        )
+
+
+def _cover(gpus: list[int], table) -> list[tuple[int, ...]] | None:
+    """Partitions of the table that together are exactly ``gpus`` (largest first), or None."""
+    left = gpu_mask(gpus)
+    pieces = []
+    for block in sorted(table, key=len, reverse=True):
+        mask = gpu_mask(block)
+        if mask & left == mask:
+            pieces.append(tuple(sorted(block)))
+            left &= ~mask
+    return pieces if not left else None
+
+
+# --- a capacity set ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetSnapshot:
+    """A capacity set's snapshot with what is needed to act on its plan: the generation it was
+    read at (read first, so any change committed while reading makes it stale) and the VMs and
+    nodes it names."""
+
+    capacity_set: CapacitySet
+    generation: int
+    snapshot: am.Snapshot
+    live: LiveCapacity
+
+    @property
+    def vms(self) -> dict[str, VirtualMachine]:
+        return self.live.vms_by_instance()
+
+    @property
+    def nodes(self) -> dict[str, Node]:
+        return {node.hostname: node for node in self.live.nodes.values()}
+
+
+def capacity_set_snapshot(
+    capacity_set: CapacitySet, *, extra_demands: Iterable[am.Demand] = ()
+) -> SetSnapshot:
+    """The set as the arbiter sees it now. Six queries, whatever the set's size."""
+    generation = CapacitySet.objects.filter(pk=capacity_set.pk).values_list(
+        "generation", flat=True
+    )[0]
+    live = LiveCapacity.load(
+        nodes=Node.objects.filter(capacity_set=capacity_set).order_by("hostname"),
+        pools=Pool.objects.filter(capacity_set=capacity_set).order_by("rank"),
+    )
+    snapshot = live.snapshot(
+        (capacity_set.gpu_model, capacity_set.fabric),
+        name=capacity_set.name,
+        extra_demands=extra_demands,
+    )
+    return SetSnapshot(
+        capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live
+    )

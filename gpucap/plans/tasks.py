@@ -1,0 +1,56 @@
+"""Celery tasks of the planning loop: ids in, call a service. Each is idempotent.
+
+- ``plans.replan``: a debounced tick of one set after a change (`gpucap.plans.triggers`);
+- ``plans.tick_all`` (beat, every ``PLANS_INTERVAL_SECONDS``): a tick of every set, so plans
+  stay current and approved placements complete even if a message is lost;
+- ``plans.prune`` (beat, hourly): bounded plan history.
+
+Two ticks of one set wait for each other on the set's advisory lock. A tick that loses a
+PostgreSQL deadlock (a VM transition locking the same rows the other way round) is retried.
+"""
+
+import logging
+
+from celery import shared_task
+from django.db import OperationalError
+
+from gpucap.fleet.models import CapacitySet
+from gpucap.plans import services
+from gpucap.plans.models import Plan
+from gpucap.plans.triggers import replan_release
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="plans.replan", bind=True, max_retries=5)
+def replan(self, capacity_set_id: int) -> int | None:
+    replan_release(capacity_set_id)
+    return _tick(self, capacity_set_id, Plan.Trigger.CHANGE)
+
+
+@shared_task(name="plans.tick", bind=True, max_retries=5)
+def tick(self, capacity_set_id: int) -> int | None:
+    return _tick(self, capacity_set_id, Plan.Trigger.PERIODIC)
+
+
+@shared_task(name="plans.tick_all")
+def tick_all() -> int:
+    """Send one tick per set (each set's tick runs on its own, in parallel across workers)."""
+    ids = list(CapacitySet.objects.values_list("pk", flat=True))
+    for capacity_set_id in ids:
+        tick.delay(capacity_set_id)
+    return len(ids)
+
+
+@shared_task(name="plans.prune")
+def prune() -> int:
+    return services.plans_prune()
+
+
+def _tick(task, capacity_set_id: int, trigger: str) -> int | None:
+    try:
+        result = services.capacity_set_tick(capacity_set_id=capacity_set_id, trigger=trigger)
+    except OperationalError as exc:  # deadlock detected, lock timeout: try again shortly
+        logger.warning("tick of capacity set %s: %s; retrying", capacity_set_id, exc)
+        raise task.retry(exc=exc, countdown=1 + task.request.retries) from exc
+    return result.plan.pk if result.plan is not None else None

@@ -1,0 +1,54 @@
+"""Prompt replans, debounced per set: a change that bumps a capacity set's generation asks for
+a tick of that set; a burst of changes gives one tick.
+
+The first change claims a short-lived Redis key for the set and sends ``plans.replan`` with a
+countdown of ``PLANS_DEBOUNCE_SECONDS``; changes while the key is held send nothing. The task
+releases the key before it reads the set, so a change committed after that read sends a new
+tick. If the message is lost, the key expires and the periodic tick (``plans.tick_all``,
+every ``PLANS_INTERVAL_SECONDS``) plans the set anyway.
+
+This module imports no app code, so the fleet services can call it without an import cycle.
+"""
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+_client: redis.Redis | None = None
+# How long a claim outlives its countdown before it expires on its own (a lost message).
+_CLAIM_MARGIN_SECONDS = 30
+
+
+def replan_soon(capacity_set_id: int | None, *, countdown: float | None = None) -> None:
+    """Ask for a tick of the set once the current transaction commits (at once outside one)."""
+    if capacity_set_id is None:
+        return
+    transaction.on_commit(lambda: _send(capacity_set_id, countdown), robust=True)
+
+
+def replan_release(capacity_set_id: int) -> None:
+    """Called by the tick before it reads the set: later changes ask for a new tick."""
+    _redis().delete(_key(capacity_set_id))
+
+
+def _send(capacity_set_id: int, countdown: float | None) -> None:
+    from gpucap.celery import app
+
+    delay = settings.PLANS_DEBOUNCE_SECONDS if countdown is None else countdown
+    claimed = _redis().set(
+        _key(capacity_set_id), "1", nx=True, ex=int(delay) + _CLAIM_MARGIN_SECONDS
+    )
+    if claimed or countdown == 0:
+        app.send_task("plans.replan", args=[capacity_set_id], countdown=delay)
+
+
+def _key(capacity_set_id: int) -> str:
+    # The database name keeps test runs on one Redis (one database each) apart.
+    return f"gpucap:plans:replan:{connection.settings_dict['NAME']}:{capacity_set_id}"
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(settings.REDIS_URL)
+    return _client

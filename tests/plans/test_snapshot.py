@@ -1,0 +1,107 @@
+"""The live set as the arbiter sees it (gpucap.plans.snapshot): in a fixed number of queries,
+with leaving VMs reserved and waiting placements kept out of the demand."""
+
+from gpucap.fleet import services as fleet
+from gpucap.fleet.models import Gpu
+from gpucap.plans import services
+from gpucap.plans.snapshot import capacity_set_snapshot
+from gpucap.rentals import services as rentals
+from tests.rentals.vm_helpers import request_vm, running_vm
+
+
+def test_the_snapshot_is_read_in_six_queries_whatever_the_set_size(
+    h100, full_set, fleet_east, tenant, django_assert_num_queries
+):
+    with django_assert_num_queries(6):
+        small = capacity_set_snapshot(h100)
+    pool = fleet_east["pools"]["h100-spot"]
+    for n in range(3, 9):
+        node = fleet.node_create(
+            cluster=fleet_east["cluster"],
+            hostname=f"h100-{n:03}",
+            gpu_model="H100-SXM5-80GB",
+            fabric="nvswitch",
+            gpu_count=8,
+        )
+        node = fleet.node_join_set(node=node, capacity_set=h100)
+        running_vm(tenant, pool, node, [0, 1], name=f"extra-{n}", ip=f"10.51.0.{n}")
+        request_vm(tenant, pool, name=f"wants-{n}", gpu_count=2)
+    with django_assert_num_queries(6):
+        large = capacity_set_snapshot(h100)
+    assert (len(small.snapshot.nodes), len(large.snapshot.nodes)) == (2, 8)
+    assert (len(small.snapshot.vms), len(large.snapshot.vms)) == (4, 10)
+    assert len(large.snapshot.demands) == 6
+
+
+def test_failed_gpus_and_unready_nodes_reach_the_arbiter(h100, fleet_east):
+    node = fleet_east["nodes"]["h100-001"]
+    fleet.gpu_set_health(gpu=Gpu.objects.get(node=node, index=3), health=Gpu.Health.FAILED)
+    fleet.node_cordon(node=fleet_east["nodes"]["h100-002"])
+
+    nodes = {n.name: n for n in capacity_set_snapshot(h100).snapshot.nodes}
+
+    assert nodes["h100-001"].failed_gpus == (3,)
+    assert nodes["h100-002"].state == "cordoned"
+    assert nodes["h100-002"].partitions is not None, "its own partition table"
+
+
+def test_victims_under_notice_are_reserved_and_their_beneficiary_is_no_demand(
+    h100, full_set, on_demand_request, operator
+):
+    train = on_demand_request()
+    plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+    services.plan_approve(plan=plan, actor=operator)
+
+    snapshot = capacity_set_snapshot(h100).snapshot
+
+    states = {vm.id: vm.state for vm in snapshot.vms}
+    assert states[full_set[2].instance_id] == states[full_set[3].instance_id] == "notified"
+    assert states[full_set[0].instance_id] == "running"
+    assert train.instance_id not in {d.id for d in snapshot.demands}
+
+
+def test_a_lower_ranked_request_does_not_get_the_gpus_reserved_for_a_placement(
+    h100, full_set, on_demand_request, operator, tenant, fleet_east
+):
+    on_demand_request()
+    plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+    services.plan_approve(plan=plan, actor=operator)
+    # One victim stops early (its guest acknowledged); half the partition is free.
+    victim = plan.actions.filter(kind="preemption").first().vm
+    rentals.vm_mark_stopped(vm=rentals.vm_stop_for_notice(vm=victim, message="ack"))
+    spot = request_vm(tenant, fleet_east["pools"]["h100-spot"], name="late-spot", gpu_count=4)
+
+    later = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+
+    assert later.placements == 0, "the freed half stays reserved for the on-demand VM"
+    assert spot in {a.vm for a in later.actions.filter(kind="unsatisfied")}
+
+
+def test_a_placement_whose_vm_went_away_is_marked_missed(
+    h100, full_set, on_demand_request, operator
+):
+    train = on_demand_request()
+    plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+    services.plan_approve(plan=plan, actor=operator)
+    rentals.vm_terminate(vm=train)  # the tenant gave up while the victims were warned
+    for action in plan.actions.filter(kind="preemption"):
+        rentals.vm_mark_stopped(vm=rentals.vm_stop_for_notice(vm=action.vm, message="deadline"))
+
+    services.capacity_set_tick(capacity_set_id=h100.pk)
+
+    placement = plan.actions.get(kind="placement")
+    assert placement.progress == "missed" and "terminated" in placement.progress_message
+
+
+def test_plan_history_is_pruned_to_its_bound_keeping_the_proposal(
+    h100, full_set, on_demand_request
+):
+    for n in range(6):
+        on_demand_request(name=f"train-{n}")
+        services.capacity_set_tick(capacity_set_id=h100.pk)
+    proposal = h100.plans.get(status="proposed")
+
+    deleted = services.plans_prune(keep=2)
+
+    assert deleted == 3  # of the five superseded plans, the newest two stay
+    assert h100.plans.count() == 3 and h100.plans.filter(pk=proposal.pk).exists()
