@@ -155,3 +155,24 @@ def test_the_url_follows_port_or_url(db, monkeypatch):
     monkeypatch.setenv("PORT", "8123")
     assert "Open http://127.0.0.1:8123/" in demo()
     assert "Open http://gpu.example:9000/" in demo("--url", "http://gpu.example:9000/")
+
+
+def test_the_demo_workload_gives_the_h100_set_something_to_decide(loaded):
+    from gpucap.plans.services import capacity_set_tick
+    from gpucap.rentals.models import VirtualMachine
+
+    h100 = CapacitySet.objects.get(name="h100-east")
+    assert "requests waiting for the arbiter's plan" in loaded
+    assert VirtualMachine.objects.filter(state="provisioning").count() == 29
+
+    plan = capacity_set_tick(capacity_set_id=h100.pk).plan
+
+    assert plan.mode == "dry_run" and plan.status == "proposed"
+    assert (plan.placements, plan.preemptions, plan.unsatisfied) == (2, 2, 1)
+    placed = {a.vm.name: a.node.hostname for a in plan.actions.filter(kind="placement")}
+    assert placed["llm-pretrain-b"] == "h100-016", "the free node first"
+    victims = plan.actions.filter(kind="preemption").select_related("vm__pool", "node")
+    assert {(a.vm.pool.name, len(a.gpus)) for a in victims} == {("h100-spot", 4)}
+    assert len({a.node.hostname for a in victims}) == 1, "two spot VMs sharing one node"
+    assert plan.actions.get(kind="unsatisfied").vm.name == "globex-batch"
+    assert "demo workload: VMs exist already" in demo()

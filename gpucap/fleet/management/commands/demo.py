@@ -1,4 +1,5 @@
-"""``manage.py demo``: load the demo fleet (gpucap/fleet/demo.yaml) and print the logins."""
+"""``manage.py demo``: load the demo fleet (gpucap/fleet/demo.yaml), put the demo tenants' VMs
+on it (gpucap/rentals/demo.py) and print the logins."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpucap.envvars import env_int
 from gpucap.fleet.fleetfile import FleetFile, FleetFileError, fleet_file_apply, fleet_file_load
+from gpucap.rentals.demo import demo_workload
 
 DEMO_FILE = Path(__file__).resolve().parents[2] / "demo.yaml"
 
@@ -20,6 +22,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument(
             "--url", help="where the web server answers (default: http://127.0.0.1:$PORT/, 8000)"
+        )
+        parser.add_argument(
+            "--no-workload",
+            action="store_true",
+            help="load the fleet only, without the demo tenants' VMs and requests",
         )
 
     def handle(self, *args, url: str | None, **options) -> None:
@@ -36,6 +43,8 @@ class Command(BaseCommand):
             for line in result.lines():
                 self.stdout.write(line)
         self.stdout.write(f"demo fleet ({DEMO_FILE.name}): {result.summary()}")
+        if not options["no_workload"]:
+            self.stdout.write(demo_workload())
         self.stdout.write("")
         self.stdout.write(f"Open {url}")
         for line in _logins(demo):
