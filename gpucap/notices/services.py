@@ -42,7 +42,7 @@ def notice_issue(
     """Warn a running VM that it will be stopped at the deadline. Issuing twice is harmless: a
     VM with an open notice keeps it (and its deadline)."""
     locked = (
-        VirtualMachine.objects.select_for_update(of=("self",))
+        VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
         .select_related("pool__capacity_set")
         .get(pk=vm.pk)
     )
@@ -110,8 +110,8 @@ def notice_deadline_reached(*, notice: InterruptionNotice, now=None) -> bool:
         return False
     # The VM's row before its notice's, the order vm_transition locks them in (it completes
     # notices), so a deadline and a stop arriving together cannot deadlock.
-    vm = VirtualMachine.objects.select_for_update().get(pk=vm_id)
-    locked = InterruptionNotice.objects.select_for_update().get(pk=notice.pk)
+    vm = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm_id)
+    locked = InterruptionNotice.objects.select_for_update(no_key=True).get(pk=notice.pk)
     if locked.completed_at is not None or locked.deadline > now:
         return False
     if vm.state != State.NOTIFIED:
@@ -126,9 +126,11 @@ def notice_deadline_reached(*, notice: InterruptionNotice, now=None) -> bool:
 def notice_acknowledge(*, vm: VirtualMachine) -> InterruptionNotice:
     """The guest says it is done (Azure StartRequests, the native ack): stop it now, so its
     GPUs are freed without waiting for the deadline. Acknowledging twice is harmless."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)  # VM first, then notice
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(
+        pk=vm.pk
+    )  # VM first, then notice
     notice = (
-        InterruptionNotice.objects.select_for_update()
+        InterruptionNotice.objects.select_for_update(no_key=True)
         .filter(vm_id=vm.pk, completed_at=None)
         .first()
     )
@@ -163,7 +165,7 @@ def notice_guest_shutdown(*, vm: VirtualMachine) -> bool:
     """The hypervisor says a notified VM's guest powered itself off before its deadline (the
     reconciler saw it): the notice completes as ``guest_shutdown`` and the GPUs are freed now,
     not at the deadline. Returns whether it acted; harmless twice."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state != State.NOTIFIED:
         return False
     InterruptionNotice.objects.filter(vm=locked, completed_at=None, outcome="").update(

@@ -6,13 +6,20 @@ and follows up drains; ``notices.metadata_resync`` (beat) rebuilds the metadata 
 """
 
 from celery import shared_task
+from django.db import OperationalError
 from django.utils import timezone
 
 from gpucap.notices import cache, drains, services
 from gpucap.notices.models import InterruptionNotice
 
 
-@shared_task(name="notices.deadline_stop")
+@shared_task(
+    name="notices.deadline_stop",
+    autoretry_for=(OperationalError,),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    max_retries=None,
+)
 def deadline_stop(notice_id: int) -> bool:
     """Stop the VM of a notice whose deadline came. Returns whether it stopped it."""
     notice = InterruptionNotice.objects.filter(pk=notice_id).first()

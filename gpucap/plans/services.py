@@ -24,6 +24,7 @@ How an applied plan acts:
 import hashlib
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -81,20 +82,29 @@ class Tick:
     placed_waiting: list[int] = field(default_factory=list)
 
 
-@transaction.atomic
 def capacity_set_tick(*, capacity_set_id: int, trigger: str = Plan.Trigger.PERIODIC) -> Tick:
     """Bring one set up to date: place approved placements whose victims are off, plan the set
     if it changed since its latest plan, and apply the plan if the set enforces. Harmless to
-    run at any time and any number of times."""
-    locks.xact_lock(locks.CAPACITY_SET, capacity_set_id)
+    run at any time and any number of times.
+
+    Two transactions, each under the set's advisory lock: the placements commit before the
+    plan is made, so the apply never holds the set's row while it waits for a VM's row (which
+    a VM's own transition holds while it waits for the set's row to bump its generation)."""
     tick = Tick(capacity_set_id=capacity_set_id)
-    capacity_set = CapacitySet.objects.filter(pk=capacity_set_id).first()
-    if capacity_set is None:
-        return tick  # deleted since the tick was sent
-    tick.placed_waiting = placements_complete(capacity_set=capacity_set)
-    tick.plan = _plan_locked(capacity_set, trigger=trigger)
-    if capacity_set.mode == Mode.ENFORCE and tick.plan.status == Status.PROPOSED:
-        tick.applied = _apply_or_refuse(tick.plan, actor=None)
+    with transaction.atomic():
+        locks.xact_lock(locks.CAPACITY_SET, capacity_set_id)
+        capacity_set = CapacitySet.objects.filter(pk=capacity_set_id).first()
+        if capacity_set is None:
+            return tick  # deleted since the tick was sent
+        tick.placed_waiting = placements_complete(capacity_set=capacity_set)
+    with transaction.atomic():
+        locks.xact_lock(locks.CAPACITY_SET, capacity_set_id)
+        capacity_set = CapacitySet.objects.filter(pk=capacity_set_id).first()
+        if capacity_set is None:
+            return tick
+        tick.plan = _plan_locked(capacity_set, trigger=trigger)
+        if capacity_set.mode == Mode.ENFORCE and tick.plan.status == Status.PROPOSED:
+            tick.applied = _apply_or_refuse(tick.plan, actor=None)
     return tick
 
 
@@ -110,14 +120,8 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
     latest = latest_plan(capacity_set=capacity_set)
     if latest is not None and latest.generation == _generation(capacity_set.pk):
         return latest  # nothing a plan depends on changed since
-    snap = capacity_set_snapshot(capacity_set)
+    snap = consistent_snapshot(capacity_set)
     started = timezone.now()
-    problems = arbiter.snapshot_problems(snap.snapshot)
-    if problems:
-        # The services keep the database consistent, so this means a bug, not bad input.
-        raise RuntimeError(
-            f"capacity set {capacity_set.name}: the snapshot is not valid: {'; '.join(problems)}"
-        )
     result = arbiter.plan(snap.snapshot)
     elapsed_ms = int((timezone.now() - started).total_seconds() * 1000)
     Plan.objects.filter(capacity_set=capacity_set, status=Status.PROPOSED).update(
@@ -149,6 +153,29 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         plan.unsatisfied,
     )
     return plan
+
+
+def consistent_snapshot(
+    capacity_set: CapacitySet, *, extra_demands: Iterable[am.Demand] = ()
+) -> SetSnapshot:
+    """The set's snapshot, read again when the set changed while it was read. Its queries each
+    see the latest commits (READ COMMITTED), so a VM that stopped between two of them could be
+    both a holder and a demand; every such change bumps the generation, so an unchanged
+    generation after the reads means they saw one state."""
+    for _ in range(_SNAPSHOT_ATTEMPTS):
+        snap = capacity_set_snapshot(capacity_set, extra_demands=extra_demands)
+        if _generation(capacity_set.pk) == snap.generation:
+            break
+    problems = arbiter.snapshot_problems(snap.snapshot)
+    if problems:
+        # Read at one generation, the services keep the set consistent: this is a bug.
+        raise RuntimeError(
+            f"capacity set {capacity_set.name}: the snapshot is not valid: {'; '.join(problems)}"
+        )
+    return snap
+
+
+_SNAPSHOT_ATTEMPTS = 5
 
 
 def latest_plan(*, capacity_set: CapacitySet) -> Plan | None:
@@ -330,8 +357,8 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
     # VM rows before the set's row: a VM transition locks its VM, then bumps the set's
     # generation (its row), so this order cannot deadlock with one.
     vm_ids = {a.vm_id for a in actions} | {a.for_vm_id for a in actions if a.for_vm_id}
-    list(VirtualMachine.objects.select_for_update().filter(pk__in=vm_ids).order_by("pk"))
-    capacity_set = CapacitySet.objects.select_for_update().get(pk=plan.capacity_set_id)
+    list(VirtualMachine.objects.select_for_update(no_key=True).filter(pk__in=vm_ids).order_by("pk"))
+    capacity_set = CapacitySet.objects.select_for_update(no_key=True).get(pk=plan.capacity_set_id)
     if capacity_set.generation != plan.generation:
         raise StalePlan(plan, generation=capacity_set.generation)
     now = timezone.now()
@@ -410,7 +437,11 @@ def placements_complete(*, capacity_set: CapacitySet) -> list[int]:
         .order_by("plan_id", "position")
     )
     for action in waiting:
-        vm = VirtualMachine.objects.select_for_update().select_related("pool").get(pk=action.vm_id)
+        vm = (
+            VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("pool")
+            .get(pk=action.vm_id)
+        )
         if vm.state != State.PENDING:
             _progress(action, Progress.MISSED, f"{vm.instance_id} is {vm.state}, not pending")
             continue
@@ -456,7 +487,7 @@ def capacity_set_set_mode(*, capacity_set: CapacitySet, mode: str, actor: Actor)
     approved placements still complete; nothing new is done."""
     if mode not in Mode.values:
         raise ValidationError({"mode": f"must be one of {', '.join(Mode.values)}, got {mode!r}"})
-    locked = CapacitySet.objects.select_for_update().get(pk=capacity_set.pk)
+    locked = CapacitySet.objects.select_for_update(no_key=True).get(pk=capacity_set.pk)
     before = locked.mode
     if before == mode:
         return locked
@@ -547,7 +578,7 @@ def plan_what_if(
         )
         for n in range(1, gpus // block_gpus + 1)
     ]
-    snap = capacity_set_snapshot(capacity_set, extra_demands=extra)
+    snap = consistent_snapshot(capacity_set, extra_demands=extra)
     result = arbiter.plan(snap.snapshot)
     served = not any(u.group == "what-if" for u in result.unsatisfied)
     return WhatIf(

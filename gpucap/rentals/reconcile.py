@@ -163,7 +163,7 @@ def _repair(
 @transaction.atomic
 def _apply(vm: VirtualMachine, status: VmStatus, action: str, act) -> Repair | None:
     """Repair under the VM's row lock, only if the VM is still exactly as judged."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if (locked.state, locked.updated_at) != (vm.state, vm.updated_at):
         return None  # a task or a person moved it meanwhile: nothing to repair any more
     audit_record(

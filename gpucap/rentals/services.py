@@ -66,7 +66,7 @@ def vm_transition(
     **changes,
 ) -> VirtualMachine:
     """Move ``vm`` to state ``to`` under a row lock, with ``changes`` to other fields."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if to not in TRANSITIONS[locked.state]:
         raise IllegalTransition(locked, to)
     before = {"state": locked.state}
@@ -364,7 +364,7 @@ def vm_start(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
 @transaction.atomic
 def vm_terminate(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
     """The owner deletes a VM: stop it if it holds GPUs, then destroy it."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state == State.TERMINATED:
         return locked
     if locked.state in (State.PENDING, State.STOPPED, State.FAILED):
@@ -388,7 +388,7 @@ def vm_terminate(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
 @transaction.atomic
 def vm_mark_running(*, vm: VirtualMachine, ip_address: str) -> VirtualMachine:
     """The driver says the VM booted. Harmless to call twice."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state != State.PROVISIONING:
         return locked
     return vm_transition(vm=locked, to=State.RUNNING, ip_address=ip_address)
@@ -399,7 +399,11 @@ def vm_mark_stopped(*, vm: VirtualMachine) -> VirtualMachine:
     """The driver says the VM is off. Where it goes depends on why it stopped: an owner's stop
     ends in ``stopped``; a spot VM that was preempted or reclaimed goes back to ``pending`` and
     resumes when capacity returns; a terminate goes on to destroy. Harmless to call twice."""
-    locked = VirtualMachine.objects.select_for_update().select_related("pool").get(pk=vm.pk)
+    locked = (
+        VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("pool")
+        .get(pk=vm.pk)
+    )
     if locked.state != State.STOPPING:
         return locked
     reason = locked.stop_reason
@@ -425,7 +429,7 @@ def vm_mark_stopped(*, vm: VirtualMachine) -> VirtualMachine:
 @transaction.atomic
 def vm_mark_failed(*, vm: VirtualMachine, reason: str) -> VirtualMachine:
     """The driver gave up (after retries). The VM's GPUs are released. Harmless twice."""
-    locked = VirtualMachine.objects.select_for_update().get(pk=vm.pk)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if State.FAILED not in TRANSITIONS[locked.state]:
         return locked  # failed already, or stopped/terminated meanwhile: a late report
     failed = vm_transition(

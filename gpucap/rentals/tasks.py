@@ -15,6 +15,7 @@ import logging
 from celery import shared_task
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
+from django.db import OperationalError
 
 from gpucap.drivers.base import (
     FAILED,
@@ -34,10 +35,19 @@ from gpucap.rentals.reconcile import vm_driver_lock, vms_reconcile
 
 logger = logging.getLogger(__name__)
 
+# A transaction that lost a PostgreSQL deadlock (two services locking the same rows in the other
+# order) or met a restarting database is simply run again, with backoff.
+_DATABASE_RETRY = {
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+}
+
 State = VirtualMachine.State
 
 
-@shared_task(name="rentals.vm_provision", bind=True, max_retries=None)
+@shared_task(name="rentals.vm_provision", bind=True, max_retries=None, **_DATABASE_RETRY)
 def vm_provision(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
     """Create a placed VM on its node's hypervisor and mark it running once it has booted."""
     with vm_driver_lock(vm_id) as taken:
@@ -62,7 +72,7 @@ def vm_provision(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
         return _poll_again(self, "provision", vm_id, polls)
 
 
-@shared_task(name="rentals.vm_stop", bind=True, max_retries=None)
+@shared_task(name="rentals.vm_stop", bind=True, max_retries=None, **_DATABASE_RETRY)
 def vm_stop(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
     """Shut a stopping VM down (gracefully, forced after the grace period); once the hypervisor
     says it is off, the service decides where it goes (stopped, pending again, terminated)."""
@@ -91,7 +101,7 @@ def vm_stop(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
         return _poll_again(self, "stop", vm_id, polls)
 
 
-@shared_task(name="rentals.vm_destroy", bind=True, max_retries=None)
+@shared_task(name="rentals.vm_destroy", bind=True, max_retries=None, **_DATABASE_RETRY)
 def vm_destroy(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
     """Remove what the hypervisor still has of a terminated (or failed) VM. No state change."""
     with vm_driver_lock(vm_id) as taken:
