@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/", include("gpucap.api_urls")),
     path("", include("gpucap.tenancy.urls")),
     path("fleet/", include("gpucap.fleet.urls")),
+    path("fleet/sets/<slug:name>/", include("gpucap.plans.urls")),
     path("audit/", include("gpucap.audit.urls")),
     path("", include("gpucap.rentals.urls")),
     path("notices/", include("gpucap.notices.urls")),

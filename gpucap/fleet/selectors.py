@@ -1,8 +1,8 @@
 """Reads of the fleet for pages (and later the API), each in a fixed number of queries.
 
-A GPU's ``status`` is the one word the grid colours it by. Today it comes from the card's health
-and its node's state; once VMs exist, a GPU held by a VM takes its pool's status, and only this
-module changes.
+A GPU's ``status`` is the one word the grid colours it by: a failed card is ``failed``; a card
+held by a VM is its pool's kind (``on_demand``, ``spot``, ``inference``), or ``leaving`` while
+the VM is under notice or stopping; otherwise its node's state, or ``free`` on a ready node.
 """
 
 from collections import Counter, defaultdict
@@ -21,6 +21,10 @@ STANDALONE = "standalone"
 # Every status the grid can show, in legend order, with the words the legend uses.
 GPU_STATUSES = (
     ("free", "Free"),
+    ("on_demand", "On-demand VM"),
+    ("spot", "Spot VM"),
+    ("inference", "Inference replica"),
+    ("leaving", "Under notice or stopping"),
     ("failed", "Failed GPU"),
     ("cordoned", "Node cordoned"),
     ("draining", "Node draining"),
@@ -28,13 +32,32 @@ GPU_STATUSES = (
 )
 
 
-def gpu_status(*, node_state: str, health: str) -> str:
+def gpu_status(
+    *, node_state: str, health: str, holder_kind: str | None = None, holder_state: str | None = None
+) -> str:
     # A failed card stays visible as failed whatever its node does: it needs a repair either way.
     if health == Gpu.Health.FAILED:
         return "failed"
+    if holder_kind is not None:
+        return "leaving" if holder_state in _LEAVING else holder_kind
     if node_state != Node.State.READY:
         return node_state
     return "free"
+
+
+_LEAVING = ("notified", "stopping")
+
+
+def with_holders(gpus):
+    """GPUs annotated with the pool kind and state of the VM holding each (None when free), as
+    two correlated subqueries on the live-allocation index: no extra query."""
+    from gpucap.rentals.models import Allocation  # rentals builds on fleet, not the reverse
+
+    live = Allocation.objects.filter(gpu=OuterRef("pk"), released_at=None)
+    return gpus.annotate(
+        holder_kind=Subquery(live.values("vm__pool__kind")[:1]),
+        holder_state=Subquery(live.values("vm__state")[:1]),
+    )
 
 
 @dataclass(frozen=True)
@@ -96,18 +119,25 @@ def node_tiles(nodes) -> list[NodeTile]:
     squares: dict[int, list[GpuSquare]] = defaultdict(list)
     state_of = {node.pk: node.state for node in nodes}
     rows = (
-        Gpu.objects.filter(node_id__in=state_of)
+        with_holders(Gpu.objects.filter(node_id__in=state_of))
         .order_by("node_id", "index")
-        .values_list("node_id", "index", "uuid", "pci_address", "health")
+        .values_list(
+            "node_id", "index", "uuid", "pci_address", "health", "holder_kind", "holder_state"
+        )
     )
-    for node_id, index, uuid, pci_address, health in rows:
+    for node_id, index, uuid, pci_address, health, holder_kind, holder_state in rows:
         squares[node_id].append(
             GpuSquare(
                 index=index,
                 uuid=uuid,
                 pci_address=pci_address,
                 health=health,
-                status=gpu_status(node_state=state_of[node_id], health=health),
+                status=gpu_status(
+                    node_state=state_of[node_id],
+                    health=health,
+                    holder_kind=holder_kind,
+                    holder_state=holder_state,
+                ),
             )
         )
     return [NodeTile(node=node, squares=squares[node.pk]) for node in nodes]
@@ -270,14 +300,107 @@ class CapacitySetOverview:
     totals: FleetTotals
 
 
-def capacity_set_overview(*, name: str) -> CapacitySetOverview:
-    """One set: its pools in rank order (with tenants), its nodes with their GPUs, and totals.
-    Five queries, whatever the set's size."""
+@dataclass(frozen=True)
+class NodeStateCount:
+    state: str
+    label: str
+    nodes: int
+    gpus: int
+    failed_gpus: int
+
+
+@dataclass(frozen=True)
+class SetNodes:
+    """A capacity set's overview for its page. Up to ``grid_limit`` nodes it has a tile per
+    node (every GPU drawn); a larger set has no tiles, its GPUs counted by the database instead
+    of read one by one (16,000 rows for 2,000 nodes), and a count per node state."""
+
+    overview: CapacitySetOverview
+    nodes: list[Node]
+    grid: bool
+    states: list[NodeStateCount]
+
+
+# What a tile or the node summary shows of a node: 2,000 full rows (timestamps, JSON) cost more
+# than the rest of the page.
+_NODE_FIELDS = (
+    "id",
+    "hostname",
+    "state",
+    "gpu_count",
+    "gpu_model",
+    "fabric",
+    "cluster_id",
+    "capacity_set_id",
+)
+
+
+def capacity_set_nodes(*, name: str, grid_limit: int) -> SetNodes:
+    """One set: its pools in rank order (with tenants), its nodes, and totals. Up to
+    ``grid_limit`` nodes with a tile per node (every GPU); a larger set's GPUs are counted by
+    the database instead. Five queries either way: set, pools, pool tenants, nodes, and GPUs
+    (rows or counts)."""
     capacity_set = get_object_or_404(CapacitySet.objects.select_related("cluster"), name=name)
     pools = list(capacity_set.pools.order_by("rank").prefetch_related("tenants"))
-    tiles = node_tiles(_grid_nodes().filter(capacity_set=capacity_set))
-    return CapacitySetOverview(
-        capacity_set=capacity_set, pools=pools, tiles=tiles, totals=fleet_totals(tiles)
+    nodes = list(
+        Node.objects.filter(capacity_set=capacity_set).only(*_NODE_FIELDS).order_by("hostname")
+    )
+    for node in nodes:  # every node is the set's and its cluster's: no join, no per-row query
+        node.cluster, node.capacity_set = capacity_set.cluster, capacity_set
+    if len(nodes) <= grid_limit:
+        tiles = node_tiles(nodes)
+        totals = fleet_totals(tiles)
+        failed = Counter()
+        for tile in tiles:
+            failed[tile.node.state] += tile.failed_gpus
+    else:
+        tiles = []
+        counts = (
+            with_holders(Gpu.objects.filter(node__capacity_set=capacity_set))
+            .order_by()
+            .values_list("node__state", "health", "holder_kind", "holder_state")
+            .annotate(n=Count("pk"))
+        )
+        by_status: Counter = Counter()
+        failed = Counter()
+        for node_state, health, holder_kind, holder_state, n in counts:
+            status = gpu_status(
+                node_state=node_state,
+                health=health,
+                holder_kind=holder_kind,
+                holder_state=holder_state,
+            )
+            by_status[status] += n
+            if health == Gpu.Health.FAILED:
+                failed[node_state] += n
+        totals = FleetTotals(
+            nodes=len(nodes),
+            gpus=sum(by_status.values()),
+            failed_gpus=sum(failed.values()),
+            nodes_not_ready=sum(1 for node in nodes if node.state != Node.State.READY),
+            ready_gpus=by_status.get("free", 0),
+            by_status=dict(by_status),
+        )
+    per_state = Counter(node.state for node in nodes)
+    gpus_per_state = Counter()
+    for node in nodes:
+        gpus_per_state[node.state] += node.gpu_count
+    return SetNodes(
+        overview=CapacitySetOverview(
+            capacity_set=capacity_set, pools=pools, tiles=tiles, totals=totals
+        ),
+        nodes=nodes,
+        grid=len(nodes) <= grid_limit,
+        states=[
+            NodeStateCount(
+                state=state,
+                label=label,
+                nodes=per_state[state],
+                gpus=gpus_per_state[state],
+                failed_gpus=failed[state],
+            )
+            for state, label in Node.State.choices
+        ],
     )
 
 

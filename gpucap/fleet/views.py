@@ -5,19 +5,22 @@ Views adapt the request and call selectors (reads) or services (changes); nothin
 decides a rule of the fleet.
 """
 
+from urllib.parse import urlencode
+
 from django import forms
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.audit.selectors import events_for
 from gpucap.errors import Conflict
 from gpucap.fleet import selectors, services
-from gpucap.fleet.models import Node
+from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains
-from gpucap.notices.selectors import drain_blockers
-from gpucap.tenancy.decorators import operator_required, render_page
+from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
+from gpucap.plans.views import set_page_context
+from gpucap.tenancy.decorators import operator_required, render_page, wants_fragment
 
 
 class FleetFilterForm(forms.Form):
@@ -73,7 +76,9 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @operator_required
 def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
-    context = _set_context(selectors.capacity_set_overview(name=name))
+    """The set: its arbiter (mode, pool bars, latest plan, history, what-if; gpucap.plans.views)
+    and its nodes. A fixed number of queries whatever the set's size."""
+    context = _set_context(name, whole_page=not wants_fragment(request))
     return render_page(request, "fleet/capacity_set_detail.html", context, fragment="set-live")
 
 
@@ -81,30 +86,49 @@ def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
 @operator_required
 def capacity_set_drain(request: HttpRequest, name: str) -> HttpResponse:
     """Drain every node of the set; answer with the refreshed set (or why nothing changed)."""
-    overview = selectors.capacity_set_overview(name=name)
+    capacity_set = get_object_or_404(CapacitySet, name=name)
     error, status = "", 200
     try:
-        drains.capacity_set_drain(capacity_set=overview.capacity_set, actor=request.user)
+        drains.capacity_set_drain(capacity_set=capacity_set, actor=request.user)
     except Conflict as exc:
         error, status = exc.message, 409
     if status == 200 and not request.htmx:
         return redirect("fleet:capacity-set-detail", name=name)
-    context = {**_set_context(selectors.capacity_set_overview(name=name)), "error": error}
+    context = {**_set_context(name, whole_page=not wants_fragment(request)), "error": error}
     return render_page(
         request, "fleet/capacity_set_detail.html", context, fragment="set-live", status=status
     )
 
 
-def _set_context(overview: selectors.CapacitySetOverview) -> dict:
-    draining = [tile.node for tile in overview.tiles if tile.node.state == Node.State.DRAINING]
+# Up to this many nodes the set page draws every GPU; a larger set gets a count per node state
+# and a link to the fleet overview's grid of the set (16,000 squares would slow the page down).
+GRID_NODE_LIMIT = 64
+
+
+def _set_context(name: str, *, whole_page: bool = True) -> dict:
+    """What the set page shows (only the nodes part, ``set-live``, unless ``whole_page``), in a
+    fixed number of queries whatever the set's size."""
+    set_nodes = selectors.capacity_set_nodes(name=name, grid_limit=GRID_NODE_LIMIT)
+    overview, capacity_set = set_nodes.overview, set_nodes.overview.capacity_set
+    draining = [node for node in set_nodes.nodes if node.state == Node.State.DRAINING]
+    blockers = drain_blockers_by_node(draining)  # two queries for all of them
+    arbiter = (
+        set_page_context(capacity_set, pools=overview.pools, gpu_total=overview.totals.gpus)
+        if whole_page
+        else {}
+    )
     return {
+        **arbiter,
         "nav": "capacity_sets",
         "overview": overview,
         # A cordoned node may still be drained on its own page; the set's button is for a
         # set in service.
-        "can_drain": any(tile.node.state == Node.State.READY for tile in overview.tiles),
-        # Two queries per draining node; a set drains rarely, and then it is what matters.
-        "held_up": [(node, drain_blockers(node)) for node in draining],
+        "can_drain": any(node.state == Node.State.READY for node in set_nodes.nodes),
+        "node_count": len(set_nodes.nodes),
+        "held_up": [(node, blockers[node.pk]) for node in draining],
+        "show_grid": set_nodes.grid,
+        "node_states": set_nodes.states,
+        "grid_query": urlencode({"capacity_set": capacity_set.name}),
     }
 
 

@@ -21,9 +21,10 @@ State = VirtualMachine.State
 
 
 def notices_with_vms() -> QuerySet[InterruptionNotice]:
-    """Notices with what a row shows: the VM, its tenant, pool and node, who issued it."""
+    """Notices with what a row shows: the VM, its tenant, pool and node, who issued it, and the
+    plan (and its set) that sent it."""
     return InterruptionNotice.objects.select_related(
-        "vm__tenant", "vm__pool", "vm__node__cluster", "issued_by"
+        "vm__tenant", "vm__pool", "vm__node__cluster", "issued_by", "plan__capacity_set"
     )
 
 
@@ -68,22 +69,32 @@ _EXPLANATIONS = {
 
 def drain_blockers(node: Node) -> list[DrainBlocker]:
     """Who holds a node: every VM holding its GPUs, oldest first. Two queries."""
+    return drain_blockers_by_node([node])[node.pk]
+
+
+def drain_blockers_by_node(nodes: list[Node]) -> dict[int, list[DrainBlocker]]:
+    """`gpucap.notices.selectors.drain_blockers` for many nodes at once: node id -> who holds
+    it, oldest first. Two queries, whatever the number of nodes (none without nodes)."""
+    blockers: dict[int, list[DrainBlocker]] = {node.pk: [] for node in nodes}
+    if not nodes:
+        return blockers
     open_notices = InterruptionNotice.objects.filter(completed_at=None)
     vms = (
-        VirtualMachine.objects.filter(node_id=node.pk, state__in=HOLDING)
+        VirtualMachine.objects.filter(node_id__in=list(blockers), state__in=HOLDING)
         .select_related("tenant", "pool")
         .prefetch_related(Prefetch("notices", queryset=open_notices, to_attr="open_notices"))
         .order_by("started_at", "pk")
     )
-    return [
-        DrainBlocker(
-            vm=vm,
-            waiting_for=_waiting_for(vm),
-            since=vm.started_at or vm.updated_at,
-            notice=vm.open_notices[0] if vm.open_notices else None,
+    for vm in vms:
+        blockers[vm.node_id].append(
+            DrainBlocker(
+                vm=vm,
+                waiting_for=_waiting_for(vm),
+                since=vm.started_at or vm.updated_at,
+                notice=vm.open_notices[0] if vm.open_notices else None,
+            )
         )
-        for vm in vms
-    ]
+    return blockers
 
 
 def _waiting_for(vm: VirtualMachine) -> str:

@@ -5,12 +5,9 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
-from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
-from gpucap.notices.models import InterruptionNotice
-from gpucap.notices.selectors import DrainBlocker, _waiting_for
+from gpucap.fleet.models import CapacitySet, Gpu, Pool
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals.models import Allocation, VirtualMachine
-from gpucap.rentals.services import HOLDING
 
 HISTORY_LENGTH = 20
 
@@ -119,14 +116,20 @@ def pool_bars(
 
 # --- the capacity set page (appended for the plan pages) -----------------------------------------
 
+# The set page lists this many lines of each kind of the latest plan (a plan for a 2,000-node set
+# can have hundreds); the plan's own page lists them all.
+PREVIEW_LINES = 25
+
 
 @dataclass(frozen=True)
 class PlanLines:
-    """One plan with its lines split the way the preview shows them, and how far an applied
-    plan got."""
+    """One plan with its lines split the way the preview shows them (maybe only the first
+    ``limit`` of each kind), and how far an applied plan got."""
 
     plan: Plan
     actions: list[PlanAction]
+    progress: dict[tuple[str, str], int]  # (kind, progress) -> lines, over all the plan's lines
+    limit: int | None = None
 
     @property
     def balances(self) -> list["PoolBalance"]:
@@ -147,29 +150,58 @@ class PlanLines:
     def unsatisfied(self) -> list[PlanAction]:
         return self._of(PlanAction.Kind.UNSATISFIED)
 
-    def _progress(self, kind: str, progress: str) -> int:
-        return sum(1 for action in self._of(kind) if action.progress == progress)
+    @property
+    def placements_not_shown(self) -> int:
+        return self.plan.placements - len(self.placements)
+
+    @property
+    def preemptions_not_shown(self) -> int:
+        return self.plan.preemptions - len(self.preemptions)
+
+    @property
+    def unsatisfied_not_shown(self) -> int:
+        return self.plan.unsatisfied - len(self.unsatisfied)
 
     @property
     def notices_sent(self) -> int:
-        return self._progress(PlanAction.Kind.PREEMPTION, PlanAction.Progress.DONE)
+        return self.progress.get((PlanAction.Kind.PREEMPTION, PlanAction.Progress.DONE), 0)
 
     @property
     def placements_done(self) -> int:
-        return self._progress(PlanAction.Kind.PLACEMENT, PlanAction.Progress.DONE)
+        return self.progress.get((PlanAction.Kind.PLACEMENT, PlanAction.Progress.DONE), 0)
 
     @property
     def placements_waiting(self) -> int:
-        return self._progress(PlanAction.Kind.PLACEMENT, PlanAction.Progress.WAITING)
+        return self.progress.get((PlanAction.Kind.PLACEMENT, PlanAction.Progress.WAITING), 0)
 
     @property
     def placements_missed(self) -> int:
-        return self._progress(PlanAction.Kind.PLACEMENT, PlanAction.Progress.MISSED)
+        return self.progress.get((PlanAction.Kind.PLACEMENT, PlanAction.Progress.MISSED), 0)
 
 
-def plan_lines(plan: Plan) -> PlanLines:
-    """A plan with its lines. One query."""
-    return PlanLines(plan=plan, actions=plan_actions(plan))
+def plan_lines(plan: Plan, *, limit: int | None = None) -> PlanLines:
+    """A plan with its lines (the first ``limit`` of each kind, or all) and its progress counts.
+    Two queries."""
+    actions = plan.actions.all()
+    if limit is not None:
+        # Positions count from 0 within each kind: one query takes the head of every kind.
+        actions = actions.filter(position__lt=limit)
+    progress = (
+        plan.actions.exclude(progress="")
+        .order_by()
+        .values_list("kind", "progress")
+        .annotate(n=Count("pk"))
+    )
+    return PlanLines(
+        plan=plan,
+        actions=list(
+            actions.select_related(
+                "vm", "for_vm", "tenant", "pool", "node", "vm__tenant", "for_vm__tenant"
+            ).order_by("kind", "position")
+        ),
+        progress={(kind, state): n for kind, state, n in progress},
+        limit=limit,
+    )
 
 
 @dataclass(frozen=True)
@@ -193,11 +225,15 @@ class SetPlans:
     def key(self) -> str:
         """Changes whenever anything the live part of the page shows changes, so a poll that
         finds the same key has nothing new to show."""
-        latest = self.latest
-        parts = [self.capacity_set.generation, self.capacity_set.mode]
-        if latest is not None:
-            parts += [latest.plan.pk, latest.plan.status]
-            parts += [action.progress for action in latest.actions]
+        parts: list = [self.capacity_set.generation, self.capacity_set.mode]
+        if self.latest is not None:
+            plan = self.latest.plan
+            parts += [
+                plan.pk,
+                plan.status,
+                plan.approved_by_id,
+                sorted(self.latest.progress.items()),
+            ]
         parts += [(bar.held_gpus, bar.pending_gpus, bar.after_gpus) for bar in self.bars]
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
@@ -205,15 +241,15 @@ class SetPlans:
 def capacity_set_plans(
     *, capacity_set: CapacitySet, pools: list[Pool] | None = None, gpu_total: int | None = None
 ) -> SetPlans:
-    """The set's plans for its page: four queries (history, the latest plan's lines, held and
-    pending GPUs), plus one each for ``pools`` and ``gpu_total`` when the caller has not read
-    them already. The latest plan is the first of the history."""
+    """The set's plans for its page: five queries (history; the latest plan's first lines and
+    its progress; held and pending GPUs), plus one each for ``pools`` and ``gpu_total`` when the
+    caller has not read them already. The latest plan is the first of the history."""
     if pools is None:
         pools = list(capacity_set.pools.order_by("rank"))
     if gpu_total is None:
         gpu_total = Gpu.objects.filter(node__capacity_set=capacity_set).count()
     history = plan_history(capacity_set=capacity_set)
-    latest = plan_lines(history[0]) if history else None
+    latest = plan_lines(history[0], limit=PREVIEW_LINES) if history else None
     # A refused plan's "after" never happens: the bars then show the pools as they are.
     shown = latest.plan if latest and latest.plan.status != Plan.Status.REFUSED else None
     return SetPlans(
@@ -222,31 +258,6 @@ def capacity_set_plans(
         bars=pool_bars(capacity_set=capacity_set, pools=pools, plan=shown, gpu_total=gpu_total),
         history=history,
     )
-
-
-def drain_blockers_by_node(nodes: list[Node]) -> dict[int, list[DrainBlocker]]:
-    """`gpucap.notices.selectors.drain_blockers` for many nodes at once: node id -> who holds
-    it, oldest first. Two queries, whatever the number of nodes (none without nodes)."""
-    blockers: dict[int, list[DrainBlocker]] = {node.pk: [] for node in nodes}
-    if not nodes:
-        return blockers
-    open_notices = InterruptionNotice.objects.filter(completed_at=None)
-    vms = (
-        VirtualMachine.objects.filter(node_id__in=list(blockers), state__in=HOLDING)
-        .select_related("tenant", "pool")
-        .prefetch_related(Prefetch("notices", queryset=open_notices, to_attr="open_notices"))
-        .order_by("started_at", "pk")
-    )
-    for vm in vms:
-        blockers[vm.node_id].append(
-            DrainBlocker(
-                vm=vm,
-                waiting_for=_waiting_for(vm),
-                since=vm.started_at or vm.updated_at,
-                notice=vm.open_notices[0] if vm.open_notices else None,
-            )
-        )
-    return blockers
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,15 @@
+"""The arbiter's pages of one capacity set, under ``/fleet/sets/<name>/`` (see gpucap/urls.py)."""
+
+from django.urls import path
+
+from gpucap.plans import views
+
+app_name = "plans"
+
+urlpatterns = [
+    path("plan/", views.plan_live, name="live"),
+    path("plans/<int:plan_id>/", views.plan_detail, name="detail"),
+    path("plans/<int:plan_id>/approve/", views.plan_approve, name="approve"),
+    path("mode/", views.capacity_set_mode, name="mode"),
+    path("what-if/", views.what_if, name="what-if"),
+]
