@@ -266,10 +266,9 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
 
 
 def _placement_words(placement: am.Placement) -> str:
-    gpus = ", ".join(str(index) for index in placement.gpus)
     if not placement.preempts:
-        return f"free GPUs {gpus} of {placement.node}"
-    return f"GPUs {gpus} of {placement.node}, freed by {', '.join(placement.preempts)}"
+        return "free GPUs"
+    return f"GPUs freed by {', '.join(placement.preempts)}"
 
 
 # --- applying a plan -----------------------------------------------------------------------------
