@@ -32,7 +32,7 @@ demo: db
 # Web (uvicorn), Celery worker and beat together under honcho.
 run: demo
 	mkdir -p var
-	$(VENV)/bin/honcho start --port $(PORT)
+	SIMULATOR_BASE_URL=$${SIMULATOR_BASE_URL:-http://127.0.0.1:$(PORT)} $(VENV)/bin/honcho start --port $(PORT)
 
 lint: install-dev
 	$(VENV)/bin/ruff check .
@@ -64,6 +64,8 @@ wrk:
 bench: install-dev wrk
 	$(PY) bench/arbiter_scale.py
 	$(PY) bench/metadata_load.py
+	$(PY) bench/set_page.py
+	$(PY) bench/router_overhead.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

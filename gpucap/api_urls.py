@@ -12,6 +12,7 @@ from gpucap.fleet.api import (
     NodeViewSet,
     PoolViewSet,
 )
+from gpucap.inference.api import ApiKeyViewSet, InferenceDeploymentViewSet
 from gpucap.notices.api import (
     CapacitySetDrainView,
     NodeDrainBlockersView,
@@ -38,6 +39,8 @@ router.register("tenants", TenantViewSet, basename="tenant")
 router.register("vms", VirtualMachineViewSet, basename="vm")
 router.register("notices", NoticeViewSet, basename="notice")
 router.register("plans", PlanViewSet, basename="plan")
+router.register("deployments", InferenceDeploymentViewSet, basename="deployment")
+router.register("api-keys", ApiKeyViewSet, basename="api-key")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),

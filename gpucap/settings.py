@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "gpucap.usage",
     "gpucap.notices",
     "gpucap.plans",
+    "gpucap.inference",
 ]
 
 MIDDLEWARE = [
@@ -136,7 +137,8 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpucap API",
-    "DESCRIPTION": "GPU capacity manager: fleet, capacity sets, pools, rentals and plans.",
+    "DESCRIPTION": "GPU capacity manager: fleet, capacity sets, pools, rentals, plans, "
+    "inference deployments and API keys.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
@@ -151,6 +153,8 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 # A queue of its own lets a test run's worker consume only that run's tasks.
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
+# How often inference replicas are matched to the router's queue (gpucap.inference.autoscaler).
+INFERENCE_AUTOSCALE_SECONDS = env_int("INFERENCE_AUTOSCALE_SECONDS", 5, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -176,6 +180,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "notices.metadata_resync",
         "schedule": float(env_int("METADATA_RESYNC_SECONDS", 60, minimum=1)),
     },
+    # Inference replicas follow the router's queue (gpucap.inference.autoscaler). A run left
+    # waiting longer than one interval is dropped: the next one reads a fresher queue.
+    "inference-autoscale": {
+        "task": "inference.autoscale",
+        "schedule": float(INFERENCE_AUTOSCALE_SECONDS),
+        "options": {"expires": float(INFERENCE_AUTOSCALE_SECONDS)},
+    },
+    "inference-resync": {"task": "inference.resync", "schedule": 60.0},
+    "inference-keys-flush": {"task": "inference.keys_flush", "schedule": 60.0},
 }
 
 # Interruption notices and the instance metadata endpoint (gpucap.notices).
@@ -184,6 +197,16 @@ NOTICES_SWEEP_BATCH = env_int("NOTICES_SWEEP_BATCH", 500, minimum=1)
 METADATA_REDIS_URL = env_str("METADATA_REDIS_URL", REDIS_URL)
 # Addresses of the per-node proxies whose X-Forwarded-For the metadata endpoint believes.
 METADATA_TRUSTED_PROXIES = env_list("METADATA_TRUSTED_PROXIES", [])
+
+# Inference (gpucap.inference): the Redis the router's documents and counters live in.
+INFERENCE_REDIS_URL = env_str("INFERENCE_REDIS_URL", REDIS_URL)
+
+# The model server of the simulated driver's inference replicas (gpucap/drivers/model_simulator.py),
+# served by this app: the base URL replicas report (the web process's address; `make run` serves
+# on 127.0.0.1:8000), and how fast the simulated model answers (0 tokens/s: all at once).
+SIMULATOR_BASE_URL = env_str("SIMULATOR_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+SIMULATOR_TTFT_MS = env_int("SIMULATOR_TTFT_MS", 20, minimum=0)
+SIMULATOR_TOKENS_PER_SECOND = env_int("SIMULATOR_TOKENS_PER_SECOND", 200, minimum=0)
 
 # The planning loop (gpucap.plans): how long a change waits for others before its set is planned,
 # and how many plans of each set the history keeps.

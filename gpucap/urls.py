@@ -26,4 +26,5 @@ urlpatterns = [
     path("audit/", include("gpucap.audit.urls")),
     path("", include("gpucap.rentals.urls")),
     path("notices/", include("gpucap.notices.urls")),
+    path("", include("gpucap.inference.urls")),
 ]

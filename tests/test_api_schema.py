@@ -44,6 +44,11 @@ ENDPOINTS = {
     "/api/capacity-sets/{id}/plan/": {"get"},
     "/api/capacity-sets/{id}/mode/": {"post"},
     "/api/capacity-sets/{id}/what-if/": {"post"},
+    "/api/deployments/": {"get", "post"},
+    "/api/deployments/{id}/": {"get", "patch"},
+    "/api/api-keys/": {"get", "post"},
+    "/api/api-keys/{id}/": {"get"},
+    "/api/api-keys/{id}/revoke/": {"post"},
 }
 
 # Command -> (request component or None, response component).
@@ -61,6 +66,7 @@ COMMANDS = {
     "/api/plans/{id}/approve/": (None, "PlanDetail"),
     "/api/capacity-sets/{id}/mode/": ("CapacitySetModeRequest", "CapacitySetModeResult"),
     "/api/capacity-sets/{id}/what-if/": ("WhatIfRequest", "WhatIfPreview"),
+    "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers
@@ -158,3 +164,14 @@ def test_schema_passes_spectacular_validation_without_warnings(tmp_path, db):
     target = tmp_path / "schema.yaml"
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(target))
     assert "/api/nodes/{id}/join-set/" in yaml.safe_load(target.read_text())["paths"]
+
+
+def test_only_the_answer_to_creating_an_api_key_documents_its_secret(schema):
+    create = schema["paths"]["/api/api-keys/"]["post"]
+    assert create["responses"]["201"]["content"]["application/json"]["schema"] == ref(
+        "ApiKeyCreated"
+    )
+    components = schema["components"]["schemas"]
+    assert "key" in components["ApiKeyCreated"]["properties"]
+    for name in ("ApiKey", "ApiKeyCreateRequest"):
+        assert not {"key", "salt", "digest"} & set(components[name]["properties"]), name

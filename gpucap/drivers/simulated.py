@@ -14,6 +14,8 @@ and each test database has a fleet of its own):
   many more calls fail; absent: until deleted). Tests use ``failure_inject``; an operator's
   chaos drill can use redis-cli, e.g.
   ``HSET gpucap:sim:gpucap:fail:create message "node on fire" transient 1 remaining 3``.
+- ``dead:<instance_id>`` — the model server of that inference replica has died
+  (``replica_kill``): its connections drop unanswered while its VM runs on.
 
 A cluster's ``driver_settings`` may also say ``{"fail": {"create": "message"}}`` (or
 ``{"create": {"message": "...", "transient": true}}``): every such call fails while the
@@ -21,6 +23,8 @@ setting stays.
 
 Timing uses the Redis server's clock, so processes with skewed clocks agree on when a VM has
 booted. Addresses are data only (10.200.0.0/13, one per instance id); nothing contacts them.
+An inference replica's endpoint is the model simulator this app serves
+(gpucap/drivers/model_simulator.py) at ``SIMULATOR_BASE_URL/simulated/replicas/<instance_id>``.
 """
 
 import ipaddress
@@ -181,8 +185,18 @@ class SimulatedDriver:
         self._delete_matching(f"{self._prefix}fail:*")
 
     def reset(self) -> None:
-        """Forget every VM and injected failure of this namespace."""
+        """Forget every VM, injected failure and dead replica of this namespace."""
         self._delete_matching(f"{self._prefix}*")
+
+    # --- the model servers of inference replicas ----------------------------------------------
+
+    def replica_kill(self, instance_id: str) -> None:
+        """The replica's model server dies: every connection to it closes with no answer, as a
+        crashed process's would, until ``replica_revive``. The VM itself runs on."""
+        self.redis.set(replica_dead_key(self.namespace, instance_id), 1)
+
+    def replica_revive(self, instance_id: str) -> None:
+        self.redis.delete(replica_dead_key(self.namespace, instance_id))
 
     # --- inside ------------------------------------------------------------------------------
 
@@ -281,11 +295,21 @@ def ip_address_for(instance_id: str) -> str:
     return str(NETWORK.network_address + subnet * 256 + host + 1)
 
 
+def replica_url(instance_id: str) -> str:
+    """Where the model simulator answers for one replica (gpucap/drivers/model_simulator.py)."""
+    return f"{django_settings.SIMULATOR_BASE_URL}/simulated/replicas/{instance_id}"
+
+
+def replica_dead_key(namespace: str, instance_id: str) -> str:
+    return f"{KEY_PREFIX}{namespace}:dead:{instance_id}"
+
+
 def _endpoint_url(vm: dict) -> str | None:
-    """Where an inference replica's model server listens. The simulated model server (an
-    OpenAI-compatible simulator, DESIGN.md section 10) arrives with inference deployments;
-    until it does, a replica reports no endpoint rather than one that nothing answers."""
-    return None
+    """Where an inference replica's model server listens: the OpenAI-compatible model
+    simulator this app serves (DESIGN.md section 10). Other VMs serve nothing."""
+    if vm.get("role") != "inference_replica":
+        return None
+    return replica_url(vm["instance_id"])
 
 
 def _booting(vm: dict, now: float, boot_seconds: float) -> dict:

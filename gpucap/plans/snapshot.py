@@ -17,7 +17,10 @@ What goes in:
   pseudo-pool ``(other pools)``, ranked below every pool and never preempted. A VM holding GPUs
   that are not one partition of its node's table cannot be expressed; those GPUs are marked
   unusable (as if failed) and the VM is left alone;
-- pending VMs as demands, one group each, except VMs whose victims are still leaving: their
+- inference deployments of the pools with their ``min_replicas`` (no preemption takes one
+  below it), and each replica VM naming its deployment;
+- pending VMs as demands, one group each (the replicas of one inference scale-up step share
+  theirs), except VMs whose victims are still leaving: their
   victims' GPUs (and the free rest of their block) are reserved for them instead, so they get
   no second round of victims.
 
@@ -38,6 +41,7 @@ from django.utils import timezone
 from gpucap.arbiter import model as am
 from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
+from gpucap.inference.models import InferenceDeployment
 from gpucap.rentals.models import Allocation, VirtualMachine
 
 logger = logging.getLogger(__name__)
@@ -72,10 +76,11 @@ class LiveCapacity:
     held: dict[int, dict[int, list[int]]]  # VM id -> node id -> GPU indices
     victims: dict[int, list[int]]  # pending VM id -> ids of its victims still leaving
     pending: list[VirtualMachine]  # annotated with ``waits_for_victims``
+    deployments: dict[int, InferenceDeployment]  # of the pools
 
     @classmethod
     def load(cls, *, nodes: QuerySet[Node], pools: QuerySet[Pool]) -> LiveCapacity:
-        """Five queries, whatever the number of nodes, GPUs and VMs."""
+        """Seven queries, whatever the number of nodes, GPUs, VMs and deployments."""
         pools_by_id = {pool.pk: pool for pool in pools}
         nodes_by_id = {node.pk: node for node in nodes}
         failed: dict[int, set[int]] = defaultdict(set)
@@ -84,12 +89,16 @@ class LiveCapacity:
         ).values_list("node_id", "index"):
             failed[node_id].add(index)
         held: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-        holders: dict[int, VirtualMachine] = {}
-        for allocation in Allocation.objects.filter(
-            released_at=None, gpu__node_id__in=nodes_by_id
-        ).select_related("vm__tenant", "gpu"):
-            held[allocation.vm_id][allocation.gpu.node_id].append(allocation.gpu.index)
-            holders[allocation.vm_id] = allocation.vm
+        live = Allocation.objects.filter(released_at=None, gpu__node_id__in=nodes_by_id)
+        for vm_id, node_id, index in live.values_list("vm_id", "gpu__node_id", "gpu__index"):
+            held[vm_id][node_id].append(index)
+        # Each holder once (not once per GPU), with what the snapshot and the plan name.
+        holders = {
+            vm.pk: vm
+            for vm in VirtualMachine.objects.filter(pk__in=live.values("vm_id")).select_related(
+                "tenant", "pool"
+            )
+        }
         in_flight = VirtualMachine.objects.filter(preempted_for=OuterRef("pk"), state__in=IN_FLIGHT)
         pending = list(
             VirtualMachine.objects.filter(state=State.PENDING, pool_id__in=pools_by_id)
@@ -97,6 +106,10 @@ class LiveCapacity:
             .select_related("pool", "tenant")
             .order_by("requested_at", "pk")
         )
+        deployments = {
+            deployment.pk: deployment
+            for deployment in InferenceDeployment.objects.filter(pool_id__in=pools_by_id)
+        }
         victims: dict[int, list[int]] = defaultdict(list)
         for vm in holders.values():
             if vm.preempted_for_id is not None and vm.state in IN_FLIGHT:
@@ -110,6 +123,7 @@ class LiveCapacity:
             held=held,
             victims=victims,
             pending=pending,
+            deployments=deployments,
         )
 
     def demand_classes(self) -> set[Hardware]:
@@ -147,7 +161,7 @@ class LiveCapacity:
             },
             self.failed,
         )
-        vms = list(self._holding_vms(pools, nodes))
+        vms = list(self._holding_vms(pools, nodes, pool_kind))
         vms.extend(self._reservations(pools, nodes))
         snapshot_pools = [
             am.Pool(
@@ -164,10 +178,23 @@ class LiveCapacity:
             pools=tuple(sorted(snapshot_pools, key=lambda pool: pool.rank)),
             vms=tuple(vms),
             demands=(*self._demands(pools), *extra_demands),
+            deployments=tuple(
+                am.Deployment(
+                    name=deployment.slug,
+                    pool=pools[deployment.pool_id].name,
+                    min_replicas=deployment.min_replicas,
+                )
+                for deployment in sorted(self.deployments.values(), key=lambda d: d.slug)
+                # Outside a set an inference pool enters as on_demand: no floors to keep.
+                if deployment.pool_id in pools
+                and pool_kind(pools[deployment.pool_id]) == "inference"
+            ),
             now=self.now,
         )
 
-    def _holding_vms(self, pools: dict[int, Pool], nodes: ClassNodes) -> Iterable[am.Vm]:
+    def _holding_vms(
+        self, pools: dict[int, Pool], nodes: ClassNodes, pool_kind: Callable[[Pool], str]
+    ) -> Iterable[am.Vm]:
         for vm_id, by_node in sorted(self.held.items()):
             vm = self.holders[vm_id]
             here = {node_id: gpus for node_id, gpus in by_node.items() if node_id in nodes.nodes}
@@ -193,8 +220,17 @@ class LiveCapacity:
                 started_at=vm.started_at or self.now,
                 state=SNAPSHOT_STATE[vm.state],
                 tenant=vm.tenant.slug,
+                deployment=self._deployment_of(vm, pools, pool_kind),
             )
             nodes.hold(node_id, gpus)
+
+    def _deployment_of(
+        self, vm: VirtualMachine, pools: dict[int, Pool], pool_kind: Callable[[Pool], str]
+    ) -> str | None:
+        deployment = self.deployments.get(vm.deployment_id)
+        if deployment is None or vm.pool_id not in pools:
+            return None
+        return deployment.slug if pool_kind(pools[vm.pool_id]) == "inference" else None
 
     def _reservations(self, pools: dict[int, Pool], nodes: ClassNodes) -> list[am.Vm]:
         """Keep the whole block of a VM that waits for its victims, not only the victims' GPUs:
@@ -251,7 +287,8 @@ class LiveCapacity:
                 continue  # vm_request refuses these; nothing here could place it
             yield am.Demand(
                 id=vm.instance_id,
-                group=vm.instance_id,
+                # The replicas of one inference scale-up step are placed together or not at all.
+                group=vm.demand_group or vm.instance_id,
                 pool=vm.pool.name,
                 gpus=vm.gpu_count,
                 requested_at=vm.requested_at,
@@ -341,7 +378,7 @@ class SetSnapshot:
 def capacity_set_snapshot(
     capacity_set: CapacitySet, *, extra_demands: Iterable[am.Demand] = ()
 ) -> SetSnapshot:
-    """The set as the arbiter sees it now. Six queries, whatever the set's size."""
+    """The set as the arbiter sees it now. Eight queries, whatever the set's size."""
     generation = CapacitySet.objects.filter(pk=capacity_set.pk).values_list(
         "generation", flat=True
     )[0]

@@ -50,6 +50,22 @@ class VirtualMachine(models.Model):
         help_text="Where the VM holds (or last held) its GPUs.",
     )
     ip_address = models.GenericIPAddressField(null=True, blank=True)
+    deployment = models.ForeignKey(
+        "inference.InferenceDeployment",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="replicas",
+        help_text="Inference replicas: the deployment the VM serves.",
+    )
+    endpoint_url = models.URLField(
+        blank=True, help_text="Inference replicas: where the model server listens (the driver)."
+    )
+    demand_group = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="VMs asked for together (an inference scale-up step): placed all or none.",
+    )
     stop_reason = models.CharField(
         max_length=16,
         choices=StopReason.choices,
@@ -104,6 +120,11 @@ class VirtualMachine(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(gpu_count__gte=1) & Q(gpu_count__lte=8), name="vm_gpu_count_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(role="rental", deployment__isnull=True)
+                | Q(role="inference_replica", deployment__isnull=False),
+                name="vm_replica_has_deployment",
             ),
             # A VM that holds GPUs is on a node.
             models.CheckConstraint(

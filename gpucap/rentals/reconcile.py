@@ -179,7 +179,7 @@ def _apply(vm: VirtualMachine, status: VmStatus, action: str, act) -> Repair | N
 
 
 def _mark_running(vm: VirtualMachine, status: VmStatus) -> None:
-    services.vm_mark_running(vm=vm, ip_address=status.ip_address)
+    services.vm_mark_running(vm=vm, ip_address=status.ip_address, endpoint_url=status.endpoint_url)
 
 
 def _mark_failed(reason: str, *, destroy: bool = False):

@@ -57,7 +57,7 @@ def vms_visible_to(user: AbstractBaseUser) -> QuerySet[VirtualMachine]:
 
 def vm_visible_to(*, user: AbstractBaseUser, pk: int) -> VirtualMachine:
     """One VM the user may see, or 404 (never 403: outsiders must not learn it exists)."""
-    vm = vms_visible_to(user).select_related("created_by").filter(pk=pk).first()
+    vm = vms_visible_to(user).select_related("created_by", "deployment").filter(pk=pk).first()
     if vm is None:
         raise Http404("No such VM.")
     return vm
@@ -169,6 +169,8 @@ class VmActions:
 
 
 def vm_actions(vm: VirtualMachine) -> VmActions:
+    if vm.role == VirtualMachine.Role.INFERENCE_REPLICA:
+        return VmActions(stop=False, start=False, terminate=False)  # its deployment decides
     legal = TRANSITIONS[vm.state]
     return VmActions(
         stop=State.STOPPING in legal,

@@ -16,6 +16,7 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.fleet.services import capacity_set_bump
+from gpucap.inference.cache import route_publish_on_commit
 from gpucap.notices.cache import metadata_publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
@@ -95,6 +96,8 @@ def vm_transition(
     )
     _plan_inputs_changed(locked)
     metadata_publish_on_commit(locked.pk)
+    if locked.deployment_id is not None:
+        route_publish_on_commit(locked.deployment_id)  # the router sends only to running ones
     vm.__dict__.update(locked.__dict__)
     return locked
 
@@ -153,13 +156,21 @@ def vm_request(
     ssh_public_key: str,
     actor: Actor = None,
     role: str = VirtualMachine.Role.RENTAL,
+    deployment=None,
+    demand_group: str = "",
 ) -> VirtualMachine:
-    """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found."""
+    """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found. Inference
+    replicas are asked for by `gpucap.inference.services` (``deployment``, and a
+    ``demand_group`` shared by the replicas of one scale-up step)."""
     errors: dict[str, str] = {}
     if not pool.tenants.filter(pk=tenant.pk).exists():
         errors["pool"] = f"tenant {tenant.slug} may not use pool {pool.name}"
     elif pool.kind == Pool.Kind.INFERENCE and role == VirtualMachine.Role.RENTAL:
         errors["pool"] = f"pool {pool.name} serves inference deployments, not rentals"
+    elif role == VirtualMachine.Role.INFERENCE_REPLICA and (
+        pool.kind != Pool.Kind.INFERENCE or deployment is None
+    ):
+        errors["pool"] = "an inference replica needs a deployment in an inference pool"
     if not isinstance(gpu_count, int) or isinstance(gpu_count, bool):
         errors["gpu_count"] = f"must be a whole number of GPUs, got {gpu_count!r}"
     else:
@@ -195,6 +206,8 @@ def vm_request(
         ssh_public_key=ssh_public_key.strip(),
         requested_at=timezone.now(),
         created_by=actor if actor is not None and actor.is_authenticated else None,
+        deployment=deployment,
+        demand_group=demand_group,
     )
     audit_record(
         actor=actor,
@@ -300,7 +313,18 @@ def _placement_problem(*, vm: VirtualMachine, node: Node, indices: list[int]) ->
 
 def vm_stop(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
     """The owner stops a running VM; it keeps its disk and may be started again."""
+    _owner_may_act(vm)
     return _stop(vm=vm, reason=StopReason.OWNER, actor=actor)
+
+
+def _owner_may_act(vm: VirtualMachine) -> None:
+    """An inference replica belongs to its deployment, which starts and stops replicas."""
+    if vm.role == VirtualMachine.Role.INFERENCE_REPLICA:
+        raise Conflict(
+            f"{vm.instance_id} is a replica of an inference deployment: change the "
+            "deployment's replica range instead",
+            code="managed_by_deployment",
+        )
 
 
 def vm_stop_for_notice(*, vm: VirtualMachine, message: str = "") -> VirtualMachine:
@@ -356,14 +380,20 @@ def _stop(
 @transaction.atomic
 def vm_start(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
     """The owner starts a stopped VM: it asks for capacity again."""
+    _owner_may_act(vm)
     started = vm_transition(vm=vm, to=State.PENDING, actor=actor)
     _demand_changed(started.pool)
     return started
 
 
 @transaction.atomic
-def vm_terminate(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
-    """The owner deletes a VM: stop it if it holds GPUs, then destroy it."""
+def vm_terminate(
+    *, vm: VirtualMachine, actor: Actor = None, for_deployment: bool = False
+) -> VirtualMachine:
+    """The owner deletes a VM (or a deployment withdraws a replica, ``for_deployment``): stop it
+    if it holds GPUs, then destroy it."""
+    if not for_deployment:
+        _owner_may_act(vm)
     locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state == State.TERMINATED:
         return locked
@@ -386,12 +416,17 @@ def vm_terminate(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
 
 
 @transaction.atomic
-def vm_mark_running(*, vm: VirtualMachine, ip_address: str) -> VirtualMachine:
-    """The driver says the VM booted. Harmless to call twice."""
+def vm_mark_running(
+    *, vm: VirtualMachine, ip_address: str, endpoint_url: str | None = None
+) -> VirtualMachine:
+    """The driver says the VM booted (an inference replica: and where its model server
+    listens). Harmless to call twice."""
     locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state != State.PROVISIONING:
         return locked
-    return vm_transition(vm=locked, to=State.RUNNING, ip_address=ip_address)
+    return vm_transition(
+        vm=locked, to=State.RUNNING, ip_address=ip_address, endpoint_url=endpoint_url or ""
+    )
 
 
 @transaction.atomic
@@ -407,7 +442,8 @@ def vm_mark_stopped(*, vm: VirtualMachine) -> VirtualMachine:
     if locked.state != State.STOPPING:
         return locked
     reason = locked.stop_reason
-    if reason == StopReason.TERMINATE:
+    if reason == StopReason.TERMINATE or locked.role == VirtualMachine.Role.INFERENCE_REPLICA:
+        # A replica is never restarted: its deployment asks for a new one where there is room.
         done = vm_transition(vm=locked, to=State.TERMINATED)
         _enqueue("rentals.vm_destroy", done.pk)
         return done

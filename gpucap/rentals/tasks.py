@@ -65,7 +65,9 @@ def vm_provision(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
         except DriverError as exc:  # permanent, or the cluster's driver settings are wrong
             return _fail(vm, str(exc))
         if status.state == RUNNING:
-            services.vm_mark_running(vm=vm, ip_address=status.ip_address)
+            services.vm_mark_running(
+                vm=vm, ip_address=status.ip_address, endpoint_url=status.endpoint_url
+            )
             return None
         if status.state == FAILED:
             return _fail(vm, status.message or "the hypervisor could not start the VM")

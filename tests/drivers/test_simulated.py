@@ -160,14 +160,17 @@ def test_starting_a_vm_that_was_never_created_is_an_error(simulated):
     assert driver.status("vm-404", "h100-001") == VmStatus(state="missing")
 
 
-def test_inference_replicas_have_no_endpoint_until_the_model_simulator_exists(simulated):
-    status = simulated().create(vm_spec("vm-11", role="inference_replica"))
+def test_an_inference_replica_reports_its_model_servers_endpoint(simulated, settings):
+    settings.SIMULATOR_BASE_URL = "http://127.0.0.1:8321"
+    replica = simulated().create(vm_spec("vm-11", role="inference_replica"))
+    rental = simulated().create(vm_spec("vm-12"))
 
-    assert (status.state, status.ip_address, status.endpoint_url) == (
+    assert (replica.state, replica.ip_address, replica.endpoint_url) == (
         "running",
         "10.200.0.11",
-        None,
+        "http://127.0.0.1:8321/simulated/replicas/vm-11",
     )
+    assert rental.endpoint_url is None, "a rental serves no model"
 
 
 # --- failure injection -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from gpucap.audit.models import AuditEvent
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import CapacitySet, Node
+from gpucap.inference import services as inference
 from gpucap.notices import drains, services, tasks
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.selectors import drain_blockers
@@ -26,6 +27,15 @@ def replica_on(fleet_east, tenant, node: str, gpus: tuple[int, ...], name: str):
     """A running replica of an inference deployment in pool h100-inference."""
     pool = fleet_east["pools"]["h100-inference"]
     pool.tenants.add(tenant)
+    deployment = inference.deployment_create(
+        tenant=tenant,
+        pool=pool,
+        name=f"{name}-serving",
+        model_name="gpucap/sim-8b",
+        gpus_per_replica=len(gpus),
+        min_replicas=0,
+        max_replicas=4,
+    )
     vm = rentals.vm_request(
         tenant=tenant,
         pool=pool,
@@ -34,6 +44,7 @@ def replica_on(fleet_east, tenant, node: str, gpus: tuple[int, ...], name: str):
         image="vllm-0.6",
         ssh_public_key=SSH_KEY,
         role=VirtualMachine.Role.INFERENCE_REPLICA,
+        deployment=deployment,
     )
     rentals.vm_place(vm=vm, node=fleet_east["nodes"][node], gpu_indices=gpus)
     return rentals.vm_mark_running(vm=vm, ip_address="10.200.1.1")
@@ -134,7 +145,8 @@ def test_the_node_ends_cordoned_when_its_last_vm_stops(
     done = AuditEvent.objects.get(object_type="node", object_id=str(node.pk), verb="node.cordon")
     assert "drain complete" in done.message
     assert VirtualMachine.objects.get(pk=busy_node["spot"].pk).state == State.PENDING  # resumes
-    assert VirtualMachine.objects.get(pk=busy_node["replica"].pk).state == State.STOPPED
+    # A replica is withdrawn for good: its deployment asks for a new one elsewhere.
+    assert VirtualMachine.objects.get(pk=busy_node["replica"].pk).state == State.TERMINATED
 
 
 def test_the_sweep_cordons_an_emptied_node_whose_check_was_lost(busy_node, operator):

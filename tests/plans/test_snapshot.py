@@ -9,10 +9,10 @@ from gpucap.rentals import services as rentals
 from tests.rentals.vm_helpers import request_vm, running_vm
 
 
-def test_the_snapshot_is_read_in_six_queries_whatever_the_set_size(
+def test_the_snapshot_is_read_in_eight_queries_whatever_the_set_size(
     h100, full_set, fleet_east, tenant, django_assert_num_queries
 ):
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(8):
         small = capacity_set_snapshot(h100)
     pool = fleet_east["pools"]["h100-spot"]
     for n in range(3, 9):
@@ -26,7 +26,7 @@ def test_the_snapshot_is_read_in_six_queries_whatever_the_set_size(
         node = fleet.node_join_set(node=node, capacity_set=h100)
         running_vm(tenant, pool, node, [0, 1], name=f"extra-{n}", ip=f"10.51.0.{n}")
         request_vm(tenant, pool, name=f"wants-{n}", gpu_count=2)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(8):
         large = capacity_set_snapshot(h100)
     assert (len(small.snapshot.nodes), len(large.snapshot.nodes)) == (2, 8)
     assert (len(small.snapshot.vms), len(large.snapshot.vms)) == (4, 10)
@@ -105,3 +105,24 @@ def test_plan_history_is_pruned_to_its_bound_keeping_the_proposal(
 
     assert deleted == 3  # of the five superseded plans, the newest two stay
     assert h100.plans.count() == 3 and h100.plans.filter(pk=proposal.pk).exists()
+
+
+def test_planning_takes_the_same_queries_for_two_victims_or_four(
+    h100, full_set, on_demand_request, fleet_east
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries_to_plan() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as captured:
+            plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+        return plan.preemptions, len(captured)
+
+    assert queries_to_plan()[0] == 0  # a first plan, so each measured tick has one before it
+    on_demand_request()
+    two, queries_for_two = queries_to_plan()
+    on_demand_request(name="train-2")
+    four, queries_for_four = queries_to_plan()
+
+    assert (two, four) == (2, 4)
+    assert queries_for_two == queries_for_four

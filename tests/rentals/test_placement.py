@@ -14,6 +14,7 @@ from django.utils import timezone
 from gpucap.audit.models import AuditEvent
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Gpu, Node, Pool
+from gpucap.inference import services as inference
 from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.placement import PlacementResult, standalone_place
@@ -273,8 +274,20 @@ def test_within_a_pool_the_earlier_request_wins(east):
 
 def test_on_demand_and_inference_vms_are_never_preempted(east, caplog):
     batch = east.running("a100-batch", "a100-001", list(range(8)))  # on_demand, rank 2
+    deployment = inference.deployment_create(
+        tenant=east.tenant,
+        pool=east.pools["a100-serving"],
+        name="chat",
+        model_name="gpucap/sim-8b",
+        gpus_per_replica=8,
+        min_replicas=0,
+    )
     serving = east.running(
-        "a100-serving", "a100-002", list(range(8)), role=VirtualMachine.Role.INFERENCE_REPLICA
+        "a100-serving",
+        "a100-002",
+        list(range(8)),
+        role=VirtualMachine.Role.INFERENCE_REPLICA,
+        deployment=deployment,
     )  # inference, rank 3
     urgent = east.request("a100-standalone", 8)  # rank 1: outranks both
     before = world()

@@ -1,0 +1,164 @@
+"""What the router reads, kept in Redis by the services that change it (as the metadata
+documents are, gpucap/notices/cache.py): the router answers from Redis alone, never the ORM.
+
+- ``gpucap:inference:route:<slug>`` -> JSON route document of a deployment:
+  ``{"deployment": id, "slug", "model", "tenant", "replica_concurrency", "queue_limit",
+  "replicas": [{"id": "vm-42", "url": "http://..."}]}``. Only running replicas with an endpoint
+  are listed: a replica under notice, stopping or booting gets no request.
+- ``gpucap:inference:key:<prefix>`` -> JSON key document: ``{"tenant", "deployment": slug or
+  null (every deployment of the tenant), "salt", "digest", "expires_at": epoch seconds or null,
+  "revoked": bool}``.
+
+Counters the router keeps (and the autoscaler and pages read), per deployment slug:
+
+- ``gpucap:inference:inflight:<slug>``: hash replica id -> requests in flight;
+- ``gpucap:inference:queued:<slug>``: requests waiting for a replica;
+- ``gpucap:inference:requests:<slug>:<epoch second>``: requests answered in that second (TTL);
+- ``gpucap:inference:used:<prefix>``: epoch seconds a key was last used (flushed to the
+  database by ``inference.keys_flush``).
+
+Services publish after their transaction commits; ``inference_resync`` rebuilds every
+document (beat), so a lost publish heals within one interval.
+"""
+
+import json
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+PREFIX = "gpucap:inference:"
+_client: redis.Redis | None = None
+
+
+def inference_redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(settings.INFERENCE_REDIS_URL)
+    return _client
+
+
+def route_key(slug: str) -> str:
+    return f"{PREFIX}route:{slug}"
+
+
+def api_key_key(prefix: str) -> str:
+    return f"{PREFIX}key:{prefix}"
+
+
+def inflight_key(slug: str) -> str:
+    return f"{PREFIX}inflight:{slug}"
+
+
+def queued_key(slug: str) -> str:
+    return f"{PREFIX}queued:{slug}"
+
+
+def requests_key(slug: str, second: int) -> str:
+    return f"{PREFIX}requests:{slug}:{second}"
+
+
+def used_key(prefix: str) -> str:
+    return f"{PREFIX}used:{prefix}"
+
+
+def route_document(deployment, replicas) -> dict:
+    from gpucap.rentals.models import VirtualMachine
+
+    return {
+        "deployment": deployment.pk,
+        "slug": deployment.slug,
+        "model": deployment.model_name,
+        "tenant": deployment.tenant.slug,
+        "replica_concurrency": deployment.replica_concurrency,
+        "queue_limit": deployment.queue_limit,
+        "replicas": [
+            {"id": vm.instance_id, "url": vm.endpoint_url}
+            for vm in sorted(replicas, key=lambda vm: vm.pk)
+            if vm.state == VirtualMachine.State.RUNNING and vm.endpoint_url
+        ],
+    }
+
+
+def key_document(api_key) -> dict:
+    return {
+        "tenant": api_key.tenant.slug,
+        "deployment": api_key.deployment.slug if api_key.deployment_id else None,
+        "salt": api_key.salt,
+        "digest": api_key.digest,
+        "expires_at": api_key.expires_at.timestamp() if api_key.expires_at else None,
+        "revoked": api_key.revoked_at is not None,
+    }
+
+
+def route_publish_on_commit(deployment_id: int) -> None:
+    transaction.on_commit(lambda: route_publish(deployment_id), robust=True)
+
+
+def route_publish(deployment_id: int) -> None:
+    """Write one deployment's route document from the database as it is now."""
+    from gpucap.inference.models import InferenceDeployment
+
+    deployment = (
+        InferenceDeployment.objects.select_related("tenant")
+        .prefetch_related("replicas")
+        .filter(pk=deployment_id)
+        .first()
+    )
+    if deployment is None:
+        return
+    document = route_document(deployment, deployment.replicas.all())
+    inference_redis().set(route_key(deployment.slug), json.dumps(document))
+
+
+def key_publish_on_commit(api_key_id: int) -> None:
+    transaction.on_commit(lambda: key_publish(api_key_id), robust=True)
+
+
+def key_publish(api_key_id: int) -> None:
+    from gpucap.inference.models import ApiKey
+
+    api_key = ApiKey.objects.select_related("tenant", "deployment").filter(pk=api_key_id).first()
+    if api_key is not None:
+        inference_redis().set(api_key_key(api_key.prefix), json.dumps(key_document(api_key)))
+
+
+def inference_resync() -> int:
+    """Rewrite every route and key document from the database. Returns how many."""
+    from gpucap.inference.models import ApiKey, InferenceDeployment
+
+    pipe = inference_redis().pipeline(transaction=False)
+    count = 0
+    for deployment in InferenceDeployment.objects.select_related("tenant").prefetch_related(
+        "replicas"
+    ):
+        pipe.set(
+            route_key(deployment.slug),
+            json.dumps(route_document(deployment, deployment.replicas.all())),
+        )
+        count += 1
+    for api_key in ApiKey.objects.select_related("tenant", "deployment"):
+        pipe.set(api_key_key(api_key.prefix), json.dumps(key_document(api_key)))
+        count += 1
+    pipe.execute()
+    return count
+
+
+def load(slug: str) -> tuple[int, int, dict[str, int]]:
+    """(queued, in flight, in flight per replica) of a deployment, from the router's counters."""
+    return loads([slug])[slug]
+
+
+def loads(slugs: list[str]) -> dict[str, tuple[int, int, dict[str, int]]]:
+    """`load` for many deployments in one Redis round trip."""
+    pipe = inference_redis().pipeline(transaction=False)
+    for slug in slugs:
+        pipe.get(queued_key(slug))
+        pipe.hgetall(inflight_key(slug))
+    replies = pipe.execute()
+    found = {}
+    for n, slug in enumerate(slugs):
+        queued, inflight = replies[2 * n], replies[2 * n + 1]
+        per_replica = {k.decode(): max(int(v), 0) for k, v in inflight.items()}
+        found[slug] = (max(int(queued or 0), 0), sum(per_replica.values()), per_replica)
+    return found

@@ -1,0 +1,59 @@
+"""Inference fixtures: acme may deploy in h100-inference (the NVSwitch set of fleet_east) and in
+a standalone inference pool on the cluster's A100 node; the router's Redis documents go to a
+Redis database of the tests' own."""
+
+import pytest
+
+from gpucap.fleet import services as fleet
+from gpucap.inference import cache
+from gpucap.inference import services as inference
+
+INFERENCE_TEST_REDIS = "redis://127.0.0.1:6379/13"
+
+
+@pytest.fixture(autouse=True)
+def inference_redis(settings):
+    """Each test starts with no route, key or counter documents."""
+    settings.INFERENCE_REDIS_URL = INFERENCE_TEST_REDIS
+    cache._client = None
+    client = cache.inference_redis()
+    client.flushdb()
+    yield client
+    client.flushdb()
+    cache._client = None
+
+
+@pytest.fixture
+def inference_pools(fleet_east, tenant, other_tenant) -> dict:
+    """h100-inference (set h100-east, rank 1, floor 4) and a100-inference (standalone on
+    a100-001), both open to acme."""
+    pools = fleet_east["pools"]
+    standalone = fleet.pool_create(
+        name="a100-inference",
+        kind="inference",
+        cluster=fleet_east["cluster"],
+        rank=2,
+        gpu_model="A100-SXM4-80GB",
+        fabric="nvswitch",
+    )
+    fleet.pool_set_tenants(pool=pools["h100-inference"], tenants=[tenant])
+    fleet.pool_set_tenants(pool=standalone, tenants=[tenant])
+    return {"set": pools["h100-inference"], "standalone": standalone}
+
+
+@pytest.fixture
+def deploy(tenant, inference_pools, member):
+    """``deploy(name, where="standalone", **settings)``: a deployment of acme's."""
+
+    def make(name: str = "chat", where: str = "standalone", **settings):
+        settings.setdefault("gpus_per_replica", 1)
+        return inference.deployment_create(
+            tenant=tenant,
+            pool=inference_pools[where],
+            name=name,
+            model_name="gpucap/sim-8b",
+            actor=member,
+            **settings,
+        )
+
+    return make
