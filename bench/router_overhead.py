@@ -8,7 +8,7 @@ written straight into a Redis database of the bench's own (REDIS_DB, emptied fir
 services publish them; nothing else is needed, the router reads Redis only.
 
 The same load, non-streamed chat completions with ``max_tokens`` 8 sent by wrk over keep-alive
-connections for SECONDS, goes
+connections, goes
 
 - direct: to one replica's model server, ``/simulated/replicas/vm-1/v1/chat/completions``;
 - router: through the router, ``/inference/<slug>/v1/chat/completions`` with the API key,
@@ -16,7 +16,9 @@ connections for SECONDS, goes
 first with 1 connection (the latency one request sees: the router's overhead is the p50
 difference) and then with CONCURRENCY connections (the most the machine answers: the
 throughput ratio). Every router request also passes through the replica's model server, on the
-same cores, so the ratio counts the router's whole cost.
+same cores, so the ratio counts the router's whole cost. Each phase runs SECONDS in ROUNDS
+rounds, direct and router taking turns, so a change in the machine's other load falls on both;
+req/s is over all rounds, p50 and p99 are the median of the rounds'.
 
 Goals (issue 7): overhead at p50 < 3 ms, router throughput >= 0.5 x direct.
 """
@@ -29,6 +31,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 CONCURRENCY = 32
 SECONDS = 10
+ROUNDS = 5
 REDIS_DB = 10
 SLUG = "bench-chat"
 MODEL = "bench/sim-8b"
@@ -84,7 +88,8 @@ def main() -> int:
     print(
         f"{os.cpu_count()} CPUs, {WORKERS} uvicorn workers (router and replicas' simulator), "
         f"{len(REPLICAS)} replicas, wrk: 1 thread, 1 then {CONCURRENCY} connections, "
-        f"{SECONDS} s per phase, chat completions of 8 tokens, not streamed\n"
+        f"{SECONDS} s per phase in {ROUNDS} alternating rounds, chat completions of 8 tokens, "
+        "not streamed\n"
     )
     server = start_server(port)
     try:
@@ -95,8 +100,12 @@ def main() -> int:
             script.write_text(wrk_script(secret))
             rows = {}
             for connections in (1, CONCURRENCY):
-                rows[("direct", connections)] = run_wrk(port, direct_path, script, connections)
-                rows[("router", connections)] = run_wrk(port, router_path, script, connections)
+                rounds = {"direct": [], "router": []}
+                for _ in range(ROUNDS):
+                    rounds["direct"].append(run_wrk(port, direct_path, script, connections))
+                    rounds["router"].append(run_wrk(port, router_path, script, connections))
+                for name, runs in rounds.items():
+                    rows[(name, connections)] = combined(runs)
         counted = router_counted()
     finally:
         stop_server(server)
@@ -236,12 +245,25 @@ wrk.headers["Authorization"] = "Bearer {secret}"
 """
 
 
+def combined(runs: list[dict]) -> dict:
+    """Rounds of one phase as one: totals, and the median round's percentiles."""
+    seconds = sum(run["seconds"] for run in runs)
+    return {
+        "requests": sum(run["requests"] for run in runs),
+        "rps": sum(run["requests"] for run in runs) / seconds,
+        "p50_ms": statistics.median(run["p50_ms"] for run in runs),
+        "p99_ms": statistics.median(run["p99_ms"] for run in runs),
+        "non_2xx": sum(run["non_2xx"] for run in runs),
+        "errors": sum(run["errors"] for run in runs),
+    }
+
+
 def run_wrk(port: int, path: str, script: Path, connections: int) -> dict:
     command = [
         "wrk",
         "-t1",
         f"-c{connections}",
-        f"-d{SECONDS}s",
+        f"-d{SECONDS / ROUNDS:g}s",
         "--latency",
         "--timeout",
         "5s",
@@ -252,13 +274,12 @@ def run_wrk(port: int, path: str, script: Path, connections: int) -> dict:
     output = subprocess.run(
         command, capture_output=True, text=True, check=True, timeout=SECONDS + 60
     ).stdout
+    found = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m),", output)
     return {
-        "path": path,
-        "connections": connections,
-        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
+        "seconds": _ms(found.group(2) + found.group(3)) / 1000,
         "p50_ms": _ms(re.search(r"^\s+50%\s+(\S+)", output, re.M).group(1)),
         "p99_ms": _ms(re.search(r"^\s+99%\s+(\S+)", output, re.M).group(1)),
-        "requests": int(re.search(r"(\d+) requests in", output).group(1)),
+        "requests": int(found.group(1)),
         "non_2xx": int(m.group(1))
         if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", output))
         else 0,

@@ -15,11 +15,17 @@ that reads Redis only, never the ORM (the documents gpucap.inference.cache keeps
    ``replica_concurrency``, and counts the request in. In-flight and queued counts live in
    Redis, shared by every router process. When every replica is full the request waits in the
    queue, up to ``queue_limit`` waiting; beyond that the answer is 429 with ``Retry-After``.
-3. The request goes to the replica over one pooled HTTP client per process. A connection that
-   fails before anything reached the client marks that replica failing for a few seconds and
-   the request goes to another.
-4. One pipelined round trip gives the slot back and counts the request (requests per second,
-   the key's last use), whether it ended well, badly or with the client gone.
+   The same script counts the request in this second's requests.
+3. The request goes to the replica over a kept-alive HTTP/1.1 connection, and the answer comes
+   back chunk by chunk as it arrives. A connection that fails before anything reached the
+   client marks that replica failing for a few seconds and the request goes to another.
+4. One more command gives the slot back (and, once a second, records the key's last use),
+   whether the request ended well, badly or with the client gone; a client that leaves stops
+   its request, queued or streaming.
+
+Each process sends its Redis commands over one connection, pipelined across requests, and
+keeps its connections to replicas: see the two sections at the end for why not redis-py's
+asyncio client and a general-purpose HTTP client (``bench/router_overhead.py`` measures).
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``), so clients
 raise their usual exceptions.
@@ -268,12 +274,8 @@ async def completion(scope, receive, send, route, rest, prefix) -> None:
         exchange.over = True
         timer.cancel()
         watch.stop()
-        finishing = exchange.finish(prefix)
-        if finishing is not None:
-            try:
-                await asyncio.shield(finishing)
-            except RedisUnavailable as error:  # the answer may be out: nothing to tell
-                log.error("inference router: %s; %s keeps its slot", error, route["slug"])
+        # The answer is out (or the client gone): the slot goes back without waiting here.
+        _logged(exchange.finish(prefix))
 
 
 class _DisconnectWatch:
@@ -410,22 +412,25 @@ class _Exchange:
     async def _try(self, mode: str, candidates: list[str]) -> tuple[bytes, int]:
         """One run of the acquire script. Its reply is recorded here as it arrives, even if the
         client has left meanwhile; ``finish`` waits for it before giving slots back."""
+        now = time.time()
         keys = [
             cache.inflight_key(self.slug),
             cache.queued_key(self.slug),
             cache.route_key(self.slug),
-            cache.requests_key(self.slug, int(time.time())),
-            *(_failing_key(self.slug, replica) for replica in candidates),
+            cache.requests_key(self.slug, int(now)),
+            _failing_key(self.slug),
         ]
         limits = [self.route["replica_concurrency"], self.route["queue_limit"]]
-        args = [mode, *limits, REQUESTS_TTL_SECONDS, *candidates]
+        args = [mode, *limits, REQUESTS_TTL_SECONDS, f"{now:.3f}", *candidates]
         reply = _redis().evaluate(_ACQUIRE, keys, args)
         reply.add_done_callback(self._record)
         self._step = reply
         outcome, value = await asyncio.shield(reply)
+        self._record(reply)  # done already, unless the reply was in before the callback ran
         return outcome, 0 if outcome == b"go" else int(value)
 
     def _record(self, reply: asyncio.Future) -> None:
+        """Note what the acquire script did (harmless twice)."""
         if reply.cancelled() or reply.exception() is not None:
             return
         outcome, value = reply.result()
@@ -459,7 +464,9 @@ class _Exchange:
         start = {"type": "http.response.start", "status": connection.status, "headers": headers}
         started = False
         try:
-            async for chunk, last in connection.body():
+            last = False
+            while not last:
+                chunk, last = await connection.chunk()
                 if not started:
                     # The head waits for the first chunk: a short answer leaves in one go.
                     await self.send(start)
@@ -484,9 +491,12 @@ class _Exchange:
     def _release_failing(self) -> asyncio.Future:
         """Give the slot back and mark the replica failing for a while."""
         replica, self.replica = self.replica, None
+        failing, now = _failing_key(self.slug), time.time()
         return _redis().send(
             (b"HINCRBY", cache.inflight_key(self.slug), replica, -1),
-            (b"SET", _failing_key(self.slug, replica), 1, b"EX", FAILING_SECONDS),
+            (b"ZREMRANGEBYSCORE", failing, b"-inf", f"{now:.3f}"),
+            (b"ZADD", failing, f"{now + FAILING_SECONDS:.3f}", replica),
+            (b"EXPIRE", failing, FAILING_SECONDS * 2),
         )
 
     def finish(self, prefix: str) -> asyncio.Future | None:
@@ -518,16 +528,19 @@ _used_written: dict[str, float] = {}
 
 
 def _logged(future: asyncio.Future | None) -> None:
+    """Let ``future`` finish on its own; say so if it fails (a slot may stay counted)."""
+
     def report(done: asyncio.Future) -> None:
         if not done.cancelled() and done.exception() is not None:
-            log.error("inference router: %s", done.exception())
+            log.error("inference router: %s; a slot or queue place stays counted", done.exception())
 
     if future is not None:
         future.add_done_callback(report)
 
 
-def _failing_key(slug: str, replica: str) -> str:
-    return f"{cache.PREFIX}failing:{slug}:{replica}"
+def _failing_key(slug: str) -> str:
+    """A sorted set: replica id -> until when (epoch seconds) its connections were failing."""
+    return f"{cache.PREFIX}failing:{slug}"
 
 
 def _retry_after() -> tuple:
@@ -544,38 +557,41 @@ def _no_replica(slug: str) -> Refusal:
     )
 
 
-# Pick the candidate (ARGV[5..]) with the fewest requests in flight below the limit, count the
+# Pick the candidate (ARGV[6..]) with the fewest requests in flight below the limit, count the
 # request in, and count it in this second's requests (KEYS[4], expiring ARGV[4] seconds after
-# it was made). Candidates marked failing (KEYS[5..], one per candidate) are passed over
-# unless all are. ARGV[1] "new": a newcomer queues behind those already waiting, or hears
-# "full" past the queue limit. "waiting": a queued request takes a free slot or keeps waiting;
-# candidates that left the route document (KEYS[3]: notified, stopping) are out, and when none
-# is left the answer is "gone".
+# it was made). Candidates failing until after now (ARGV[5]; KEYS[5]) are passed over unless
+# all are. ARGV[1] "new": a newcomer queues behind those already waiting, or hears "full" past
+# the queue limit. "waiting": a queued request takes a free slot or keeps waiting; candidates
+# that left the route document (KEYS[3]: notified, stopping) are out, and when none is left the
+# answer is "gone".
 _ACQUIRE = """
-local limit, queue_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit, queue_limit, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local waiting = ARGV[1] == 'waiting'
 local queued = tonumber(redis.call('GET', KEYS[2]) or '0')
-local listed = nil
-if waiting then
-  listed = {}
-  local doc = redis.call('GET', KEYS[3])
-  if doc then
-    for _, replica in ipairs(cjson.decode(doc)['replicas']) do listed[replica['id']] = true end
-  end
-end
 local pick, pick_n, spare, spare_n, healthy, present = nil, 0, nil, 0, false, false
 if waiting or queued <= 0 then
-  for i = 5, #ARGV do
-    if listed == nil or listed[ARGV[i]] then
+  local listed = nil
+  if waiting then
+    listed = {}
+    local doc = redis.call('GET', KEYS[3])
+    if doc then
+      for _, replica in ipairs(cjson.decode(doc)['replicas']) do listed[replica['id']] = true end
+    end
+  end
+  local candidates = {unpack(ARGV, 6)}
+  local counts = redis.call('HMGET', KEYS[1], unpack(candidates))
+  local until_ = redis.call('ZMSCORE', KEYS[5], unpack(candidates))
+  for i, id in ipairs(candidates) do
+    if listed == nil or listed[id] then
       present = true
-      local failing = redis.call('EXISTS', KEYS[i]) == 1
-      local n = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+      local failing = until_[i] and tonumber(until_[i]) > now
+      local n = tonumber(counts[i] or '0')
       if not failing then healthy = true end
       if n < limit then
         if not failing then
-          if pick == nil or n < pick_n then pick, pick_n = ARGV[i], n end
+          if pick == nil or n < pick_n then pick, pick_n = id, n end
         elseif spare == nil or n < spare_n then
-          spare, spare_n = ARGV[i], n
+          spare, spare_n = id, n
         end
       end
     end
@@ -707,22 +723,18 @@ class _ReplicaConnection(asyncio.Protocol):
         self.transport.write(head + body)
 
     async def response(self) -> None:
-        """Wait for the answer's status line and headers."""
-        item = await self._next()
-        assert item is _HEAD
+        """Wait for the answer's status line and headers (the first event of an answer)."""
+        await self._next()
 
-    async def body(self):
-        """The answer's body as (chunk, is the last) pairs; the last may be empty."""
-        while True:
-            item = await self._next()
-            if item is _END:
-                yield b"", True
-                return
-            if self._events and self._events[0] is _END:
-                self._events.popleft()
-                yield item, True
-                return
-            yield item, False
+    async def chunk(self) -> tuple[bytes, bool]:
+        """The answer's next chunk of body, and whether it is the last (the last may be empty)."""
+        item = await self._next()
+        if item is _END:
+            return b"", True
+        if self._events and self._events[0] is _END:
+            self._events.popleft()
+            return item, True
+        return item, False
 
     def close(self) -> asyncio.Future | None:
         """Close; the future is done once the connection is gone."""
@@ -885,7 +897,7 @@ def _target(url: str) -> _Target:
         host=parts.hostname,
         port=port,
         ssl=ssl_module.create_default_context() if secure else None,
-        host_header=parts.netloc,
+        host_header=parts.netloc.rpartition("@")[2],
         path=parts.path.rstrip("/"),
     )
 
@@ -948,7 +960,12 @@ class _RedisConnection(asyncio.Protocol):
         self._buffer += data
         position = 0
         while self._waiting:
-            parsed = _parse_reply(self._buffer, position)
+            try:
+                parsed = _parse_reply(self._buffer, position)
+            except (RedisUnavailable, ValueError) as error:
+                self._lost = error  # out of step with Redis: every waiting reply is lost
+                self.transport.close()
+                return
             if parsed is _INCOMPLETE:
                 break
             reply, position = parsed

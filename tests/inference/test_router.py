@@ -519,12 +519,9 @@ def test_when_a_replica_dies_requests_fail_over_to_the_other(server, serving, ke
     assert {raw.headers["x-gpucap-replica"] for raw in answers} == {alive}
     assert all(raw.parse().choices[0].message.content for raw in answers)
     assert model_simulator.served[dead] == 0
-    assert inference_redis_has(f"{cache.PREFIX}failing:{deployment.slug}:{dead}")
+    failing_until = cache.inference_redis().zscore(f"{cache.PREFIX}failing:{deployment.slug}", dead)
+    assert failing_until is not None and failing_until > time.time()
     assert settled(deployment) == (0, 0, {dead: 0, alive: 0})
-
-
-def inference_redis_has(key_name: str) -> bool:
-    return bool(cache.inference_redis().exists(key_name))
 
 
 def test_when_every_replica_is_dead_the_answer_is_502(server, serving, key, sim):
