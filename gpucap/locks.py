@@ -10,6 +10,7 @@ class              letters  id                                          held by
 ``DRIVER_WORK``    gpvc    a VM: driver work on it                      session (reconcile)
 ``STANDALONE``     gpsp    a cluster: standalone placement              transaction
 ``CAPACITY_SET``   gpcs    a capacity set: planning and applying plans  transaction
+``USAGE``          gpus    0: making usage records                      transaction
 =================  ======  ===========================================  =====================
 """
 
@@ -18,6 +19,7 @@ from django.db import connection
 DRIVER_WORK = 0x67707663
 STANDALONE = 0x67707370
 CAPACITY_SET = 0x67706373
+USAGE = 0x67707573
 
 
 def key(lock_class: int, object_id: int) -> tuple[int, int]:

@@ -189,6 +189,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     "inference-resync": {"task": "inference.resync", "schedule": 60.0},
     "inference-keys-flush": {"task": "inference.keys_flush", "schedule": 60.0},
+    # Usage records are made once their period or interval has ended (gpucap.usage).
+    "usage-record": {
+        "task": "usage.record",
+        "schedule": float(env_int("USAGE_RECORD_SECONDS", 60, minimum=1)),
+    },
 }
 
 # Interruption notices and the instance metadata endpoint (gpucap.notices).
@@ -200,6 +205,14 @@ METADATA_TRUSTED_PROXIES = env_list("METADATA_TRUSTED_PROXIES", [])
 
 # Inference (gpucap.inference): the Redis the router's documents and counters live in.
 INFERENCE_REDIS_URL = env_str("INFERENCE_REDIS_URL", REDIS_URL)
+
+# Usage (gpucap.usage): records split GPU time into periods of this many seconds, aligned to
+# midnight UTC (an hour by default; it must divide a day).
+USAGE_PERIOD_SECONDS = env_int("USAGE_PERIOD_SECONDS", 3600, minimum=60)
+if 86400 % USAGE_PERIOD_SECONDS:
+    raise ImproperlyConfigured(
+        f"USAGE_PERIOD_SECONDS={USAGE_PERIOD_SECONDS} must divide a day (86400 seconds)"
+    )
 
 # The model server of the simulated driver's inference replicas (gpucap/drivers/model_simulator.py),
 # served by this app: the base URL replicas report (the web process's address; `make run` serves

@@ -1,0 +1,115 @@
+"""Usage rows in the FinOps FOCUS vocabulary, as CSV and JSON.
+
+FOCUS columns are used where one fits; gpucap's own columns carry the ``x_`` prefix FOCUS asks
+for. Costs are not here: gpucap meters, the operator's billing prices. The README lists every
+column.
+"""
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+
+COLUMNS = [
+    "x_RecordId",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ChargeCategory",
+    "PricingCategory",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "SubAccountId",
+    "SubAccountName",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "RegionId",
+    "ServiceCategory",
+    "ServiceName",
+    "SkuId",
+    "x_PoolName",
+    "x_PoolKind",
+    "x_CapacitySet",
+    "x_GpuModel",
+    "x_GpuCount",
+    "x_DeploymentSlug",
+    "x_UsagePeriodStart",
+    "x_Final",
+]
+
+# On-demand capacity is sold at list price; spot at a price that moves (FOCUS "Dynamic").
+PRICING_CATEGORY = {"on_demand": "Standard", "spot": "Dynamic", "inference": "Standard"}
+SERVICE_NAME = {
+    "on_demand": "On-demand GPU VMs",
+    "spot": "Spot GPU VMs",
+    "inference": "Inference endpoints",
+}
+
+
+def focus_row(row: dict) -> dict:
+    """One usage row (``selectors.usage_rows``) as FOCUS columns, JSON-ready."""
+    replica = row["deployment_slug"] is not None
+    return {
+        "x_RecordId": row["record_id"],
+        "ChargePeriodStart": _utc(row["started_at"]),
+        "ChargePeriodEnd": _utc(row["ended_at"]),
+        "ChargeCategory": "Usage",
+        "PricingCategory": PRICING_CATEGORY[row["pool_kind"]],
+        "ConsumedQuantity": str(row["gpu_seconds"]),  # a decimal, exact to the millisecond
+        "ConsumedUnit": "GPU-Seconds",
+        "SubAccountId": row["tenant_slug"],
+        "SubAccountName": row["tenant_name"],
+        "ResourceId": f"vm-{row['vm_id']}",
+        "ResourceName": row["vm_name"],
+        "ResourceType": "Inference replica" if replica else "GPU VM",
+        "RegionId": row["cluster_name"],
+        "ServiceCategory": "Compute",
+        "ServiceName": SERVICE_NAME[row["pool_kind"]],
+        "SkuId": f"{row['gpu_model']}/{row['pool_kind']}",
+        "x_PoolName": row["pool_name"],
+        "x_PoolKind": row["pool_kind"],
+        "x_CapacitySet": row["capacity_set_name"] or "",
+        "x_GpuModel": row["gpu_model"],
+        "x_GpuCount": row["gpu_count"],
+        "x_DeploymentSlug": row["deployment_slug"] or "",
+        "x_UsagePeriodStart": _utc(row["period_start"]),
+        "x_Final": bool(row["final"]),
+    }
+
+
+def csv_lines(rows: Iterable[dict]) -> Iterator[str]:
+    """The header, then one CSV line per row (for a streaming response)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    yield _drain(buffer)
+    for row in rows:
+        writer.writerow(focus_row(row) | {"x_Final": "true" if row["final"] else "false"})
+        yield _drain(buffer)
+
+
+def json_chunks(rows: Iterable[dict], *, meta: dict) -> Iterator[str]:
+    """``{"meta": {...}, "records": [...]}`` written record by record (for streaming)."""
+    yield '{"meta": ' + json.dumps(meta, default=str) + ', "records": ['
+    first = True
+    for row in rows:
+        yield ("" if first else ",") + "\n" + json.dumps(focus_row(row))
+        first = False
+    yield "\n]}\n"
+
+
+def _drain(buffer: io.StringIO) -> str:
+    text = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    return text
+
+
+def _utc(moment: datetime) -> str:
+    """ISO 8601 in UTC with a Z, microseconds only when there are some."""
+    moment = moment.astimezone(UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}"
+    return text + "Z"
