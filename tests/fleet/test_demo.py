@@ -176,3 +176,26 @@ def test_the_demo_workload_gives_the_h100_set_something_to_decide(loaded):
     assert len({a.node.hostname for a in victims}) == 1, "two spot VMs sharing one node"
     assert plan.actions.get(kind="unsatisfied").vm.name == "globex-batch"
     assert "demo workload: VMs exist already" in demo()
+
+
+def test_the_demo_has_two_weeks_of_past_usage_for_both_tenants(loaded):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gpucap.usage import selectors
+    from gpucap.usage.models import UsageInterval
+
+    now = timezone.now()
+    assert "demo usage history: 80 past VMs" in loaded
+    past = UsageInterval.objects.filter(ended_at__lt=now)
+    assert set(past.values_list("tenant__slug", flat=True)) == {"acme", "globex"}
+    assert set(past.values_list("pool_kind", flat=True)) == {"on_demand", "spot"}
+    assert past.filter(started_at__lt=now - timedelta(days=7)).exists()
+    hours = selectors.gpu_hours_by_pool_kind(
+        tenant_id=None, since=now - timedelta(days=15), until=now
+    )
+    assert hours["spot"] > 0 and hours["on_demand"] > 0
+    count = past.count()
+    assert "older usage exists already" in demo()
+    assert UsageInterval.objects.filter(ended_at__lt=now).count() == count

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from gpucap.envvars import env_int
 from gpucap.fleet.fleetfile import FleetFile, FleetFileError, fleet_file_apply, fleet_file_load
 from gpucap.rentals.demo import demo_workload
+from gpucap.usage.demo import demo_usage_history
 
 DEMO_FILE = Path(__file__).resolve().parents[2] / "demo.yaml"
 
@@ -26,7 +27,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-workload",
             action="store_true",
-            help="load the fleet only, without the demo tenants' VMs and requests",
+            help="load the fleet only, without the demo tenants' VMs, requests and past usage",
         )
 
     def handle(self, *args, url: str | None, **options) -> None:
@@ -45,6 +46,7 @@ class Command(BaseCommand):
         self.stdout.write(f"demo fleet ({DEMO_FILE.name}): {result.summary()}")
         if not options["no_workload"]:
             self.stdout.write(demo_workload())
+            self.stdout.write(demo_usage_history())
         self.stdout.write("")
         self.stdout.write(f"Open {url}")
         for line in _logins(demo):
