@@ -50,10 +50,16 @@ def usage_rows(
                 yield dict(zip(columns, values, strict=True))
 
 
+# Totals need no cut at period boundaries: each interval counts its part of [since, until).
 TOTALS_BY_KIND_SQL = """
-SELECT r.pool_kind, sum(r.gpu_seconds) AS gpu_seconds
-  FROM ({rows}) AS r
- GROUP BY r.pool_kind
+SELECT i.pool_kind,
+       sum(extract(epoch FROM least(coalesce(i.ended_at, %(now)s), %(until)s)
+                              - greatest(i.started_at, %(since)s)) * i.gpu_count)
+  FROM usage_usageinterval i
+ WHERE i.started_at < %(until)s
+   AND coalesce(i.ended_at, %(now)s) > %(since)s
+   AND {where}
+ GROUP BY i.pool_kind
 """
 
 
@@ -63,10 +69,9 @@ def gpu_hours_by_pool_kind(
     """GPU-hours in [since, until) per pool kind (open intervals up to now), in one query."""
     now = now or timezone.now()
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
-    sql = TOTALS_BY_KIND_SQL.format(rows=pieces.rows_sql(where=where))
-    params = pieces.params(now=now, since=since, until=until, tenant_id=tenant_id)
+    params = {"now": now, "since": since, "until": until, "tenant_id": tenant_id}
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(TOTALS_BY_KIND_SQL.format(where=where), params)
         return {kind: seconds / 3600 for kind, seconds in cursor.fetchall()}
 
 

@@ -169,3 +169,27 @@ def test_two_runs_at_once_make_each_record_once(clock, pools, run_vm, tenant):
     ids = list(UsageRecord.objects.order_by("id").values_list("record_id", flat=True))
     assert len(ids) == len(set(ids))
     assert services.usage_record(now=at(9, 1)) == 0
+
+
+def test_totals_by_pool_kind_equal_the_sum_of_the_exported_rows(
+    clock, pools, run_vm, tenant, other_tenant
+):
+    clock.set(at(8, 10))
+    spot = run_vm(tenant, "h100-spot", "h100-001", [0, 1], name="spot")
+    run_vm(tenant, "l40s-ondemand", "l40s-001", [0], name="ondemand")
+    clock.set(at(13, 35, 12))
+    stop(spot)
+    run_vm(other_tenant, "l40s-ondemand", "l40s-002", [0], name="not-mine")
+    since, until, now = at(9), at(15), at(14, 5)
+
+    totals = selectors.gpu_hours_by_pool_kind(
+        tenant_id=tenant.pk, since=since, until=until, now=now
+    )
+
+    rows = list(selectors.usage_rows(since=since, until=until, tenant_id=tenant.pk, now=now))
+    expected: dict[str, Decimal] = {}
+    for row in rows:
+        expected[row["pool_kind"]] = expected.get(row["pool_kind"], 0) + row["gpu_seconds"] / 3600
+    assert totals == pytest.approx(expected)
+    assert totals["spot"] == pytest.approx(Decimal(2) * Decimal(4 * 3600 + 35 * 60 + 12) / 3600)
+    assert totals["on_demand"] == pytest.approx(Decimal(5 * 3600 + 5 * 60) / 3600)
