@@ -53,7 +53,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+
+import benchdb
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (200, 1000, 2000)
@@ -108,20 +109,7 @@ MAX_REPLICAS = 64
 
 
 def bench_env() -> dict[str, str]:
-    base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucap"))
-    redis_url = f"redis://127.0.0.1:6379/{REDIS_DB}"
-    return {
-        "DJANGO_SETTINGS_MODULE": "gpucap.settings",
-        "DATABASE_URL": urlunsplit(base._replace(path=f"/{DB_NAME}")),
-        "DEBUG": "0",  # as deployed: no debug cursor, no template debug information
-        "SECRET_KEY": "bench-only-secret-key",
-        "ALLOWED_HOSTS": "testserver",
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
-        "METADATA_REDIS_URL": redis_url,
-        "CELERY_TASK_DEFAULT_QUEUE": "bench-set-page",
-        "LOG_LEVEL": "WARNING",
-    }
+    return benchdb.bench_env(db_name=DB_NAME, redis_db=REDIS_DB, queue="bench-set-page")
 
 
 def main() -> int:
@@ -145,8 +133,8 @@ def main() -> int:
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     if not args.reuse:
-        database_create(env["DATABASE_URL"])
-    redis_flush(env["REDIS_URL"])
+        benchdb.database_create(env["DATABASE_URL"])
+    benchdb.redis_flush(env["REDIS_URL"])
     try:
         import django
 
@@ -162,15 +150,16 @@ def main() -> int:
         if keep:
             print(f"\nkept database {DB_NAME} (--reuse measures it again; drop it when done)")
         else:
-            database_drop(env["DATABASE_URL"])
-        redis_flush(env["REDIS_URL"])
+            benchdb.database_drop(env["DATABASE_URL"])
+        benchdb.redis_flush(env["REDIS_URL"])
         static_root.cleanup()
 
 
 def run(sizes: list[int], *, profile: bool, reuse: bool) -> int:
     print("capacity set page: GET /fleet/sets/<name>/ in-process (django.test.Client), DEBUG off")
     print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, PostgreSQL {postgres_version()}, "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"PostgreSQL {benchdb.postgres_version()}, "
         f"median/p90 of {REQUESTS} requests after {WARMUPS} warm-ups\n"
     )
     if reuse:
@@ -184,7 +173,8 @@ def run(sizes: list[int], *, profile: bool, reuse: bool) -> int:
         if not reuse:
             fleet.grow(nodes)
         built = time.perf_counter() - started
-        vacuum_analyze()  # as autovacuum leaves a live database: statistics and visibility map
+        # As autovacuum leaves a live database: statistics and visibility map.
+        benchdb.vacuum_analyze()
         plan, plan_seconds = fleet.plan()
         load = os.getloadavg()[0]
         measured = measure(fleet)
@@ -688,55 +678,6 @@ def verdict(rows) -> int:
             f"median, queries {queries('what-if')}"
         )
     return 0 if met else 1
-
-
-# --- database and Redis -----------------------------------------------------------------------
-
-
-def _admin_url(database_url: str) -> str:
-    return urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
-
-
-def database_create(database_url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(_admin_url(database_url), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
-
-
-def database_drop(database_url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(_admin_url(database_url), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB_NAME))
-        )
-
-
-def redis_flush(redis_url: str) -> None:
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
-
-
-def vacuum_analyze() -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE")
-
-
-def postgres_version() -> str:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        return cursor.fetchone()[0].split()[0]
 
 
 if __name__ == "__main__":

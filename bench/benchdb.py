@@ -1,0 +1,73 @@
+"""What the database benchmarks share: a PostgreSQL database and a Redis database of their own,
+created before and dropped after, and the environment Django runs with inside the bench."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+
+def bench_env(*, db_name: str, redis_db: int, queue: str) -> dict[str, str]:
+    base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucap"))
+    redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+    return {
+        "DJANGO_SETTINGS_MODULE": "gpucap.settings",
+        "DATABASE_URL": urlunsplit(base._replace(path=f"/{db_name}")),
+        "DEBUG": "0",  # as deployed: no debug cursor, no template debug information
+        "SECRET_KEY": "bench-only-secret-key",
+        "ALLOWED_HOSTS": "testserver",
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+        "METADATA_REDIS_URL": redis_url,
+        "INFERENCE_REDIS_URL": redis_url,
+        "CELERY_TASK_DEFAULT_QUEUE": queue,
+        "LOG_LEVEL": "WARNING",
+    }
+
+
+def _admin_url(database_url: str) -> str:
+    return urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
+
+
+def _name(database_url: str) -> str:
+    return urlsplit(database_url).path.lstrip("/")
+
+
+def database_create(database_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    name = sql.Identifier(_name(database_url))
+    with psycopg.connect(_admin_url(database_url), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+
+
+def database_drop(database_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    name = sql.Identifier(_name(database_url))
+    with psycopg.connect(_admin_url(database_url), autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+
+
+def redis_flush(redis_url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+def vacuum_analyze() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+
+
+def postgres_version() -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        return cursor.fetchone()[0].split()[0]
