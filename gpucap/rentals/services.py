@@ -256,6 +256,7 @@ def vm_place(
         raise Conflict(
             f"GPUs {indices} of {node.hostname} are no longer free", code="gpus_taken"
         ) from None
+    left = vm.node_id if vm.node_id not in (None, node.pk) else None
     placed = vm_transition(
         vm=vm, to=State.PROVISIONING, actor=actor, message=message, node=node, failure_reason=""
     )
@@ -268,6 +269,10 @@ def vm_place(
         started_at=timezone.now(),
     )
     _enqueue("rentals.vm_provision", placed.pk)
+    if left is not None:
+        # A resumed VM boots afresh on its new node; the node it left still has its stopped
+        # definition and disk, which would hold that node's storage forever.
+        _enqueue("rentals.vm_destroy_left", placed.pk, left)
     return placed
 
 

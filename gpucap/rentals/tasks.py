@@ -29,6 +29,7 @@ from gpucap.drivers.base import (
     VmStatus,
 )
 from gpucap.drivers.registry import driver_for
+from gpucap.fleet.models import Node
 from gpucap.rentals import placement, services
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.reconcile import vm_driver_lock, vms_reconcile
@@ -124,6 +125,30 @@ def vm_destroy(self, vm_id: int, polls: int = 0, failures: int = 0) -> None:
             logger.error("%s: destroy still failing after %s retries: %s", vm, failures, exc)
         except DriverError as exc:
             logger.error("%s: the hypervisor refused to destroy it: %s", vm, exc)
+    return None
+
+
+@shared_task(name="rentals.vm_destroy_left", bind=True, max_retries=None, **_DATABASE_RETRY)
+def vm_destroy_left(self, vm_id: int, node_id: int, polls: int = 0, failures: int = 0) -> None:
+    """Remove what the hypervisor of a node a VM left (it was placed again elsewhere) still has
+    of it. Never the node the VM is on now. Harmless twice: destroying nothing is nothing."""
+    with vm_driver_lock(vm_id) as taken:
+        if not taken:
+            return _poll_again(self, "destroy-left", vm_id, polls)
+        vm = VirtualMachine.objects.filter(pk=vm_id).exclude(node_id=node_id).first()
+        node = Node.objects.select_related("cluster").filter(pk=node_id).first()
+        if vm is None or node is None:
+            return None  # back on that node (its disk is in use again), or the node is gone
+        try:
+            driver_for(node.cluster).destroy(vm.instance_id, node.hostname)
+        except DriverUnavailable as exc:
+            if failures < settings.RENTALS_DRIVER_MAX_RETRIES:
+                raise _retry_transient(self, exc, polls=polls, failures=failures) from exc
+            logger.error(
+                "%s: left on %s, still failing after %s retries: %s", vm, node, failures, exc
+            )
+        except DriverError as exc:
+            logger.error("%s: %s refused to destroy what it had of it: %s", vm, node, exc)
     return None
 
 

@@ -262,6 +262,51 @@ def test_a_preempted_spot_vm_is_shut_down_and_waits_again(vm_in, sim, fast_boot)
     assert sim.status(vm.instance_id, vm.node.hostname).state == STOPPED
 
 
+def resumed_elsewhere(vm_in, sim, fleet_east, sent_tasks, capture, *, node: str):
+    """A running spot VM on h100-001, preempted, shut down, then placed again on ``node``."""
+    vm = vm_in("running", pool="h100-spot", node="h100-001", gpus=(0,))
+    boot_on_hypervisor(sim, vm)
+    services.vm_preempt(vm=vm, for_vm=vm_in("pending", pool="h100-ondemand"))
+    tasks.vm_stop.apply(args=[vm.pk])
+    with capture(execute=True):
+        vm = services.vm_place(vm=vm, node=fleet_east["nodes"][node], gpu_indices=[1])
+    return vm
+
+
+def test_a_spot_vm_resumed_on_another_node_is_removed_from_the_node_it_left(
+    vm_in, sim, fast_boot, fleet_east, sent_tasks, django_capture_on_commit_callbacks
+):
+    vm = resumed_elsewhere(
+        vm_in, sim, fleet_east, sent_tasks, django_capture_on_commit_callbacks, node="h100-002"
+    )
+    left = fleet_east["nodes"]["h100-001"]
+    assert ("rentals.vm_destroy_left", [vm.pk, left.pk]) in sent_tasks
+    assert sim.status(vm.instance_id, "h100-001").state == STOPPED
+
+    tasks.vm_destroy_left.apply(args=[vm.pk, left.pk])
+    tasks.vm_provision.apply(args=[vm.pk])
+    tasks.vm_destroy_left.apply(args=[vm.pk, left.pk])  # a duplicate changes nothing
+
+    vm.refresh_from_db()
+    assert sim.status(vm.instance_id, "h100-001").state == MISSING
+    assert (vm.state, vm.node.hostname) == (State.RUNNING, "h100-002")
+    assert sim.status(vm.instance_id, "h100-002").state == RUNNING
+
+
+def test_a_spot_vm_resumed_on_the_same_node_keeps_its_disk_there(
+    vm_in, sim, fast_boot, fleet_east, sent_tasks, django_capture_on_commit_callbacks
+):
+    vm = resumed_elsewhere(
+        vm_in, sim, fleet_east, sent_tasks, django_capture_on_commit_callbacks, node="h100-001"
+    )
+    assert not [name for name, _ in sent_tasks if name == "rentals.vm_destroy_left"]
+    left = fleet_east["nodes"]["h100-001"]
+
+    tasks.vm_destroy_left.apply(args=[vm.pk, left.pk])  # late, from an earlier move: ignored
+
+    assert sim.status(vm.instance_id, "h100-001").state == STOPPED
+
+
 def test_a_terminate_shuts_the_vm_down_then_sends_the_destroy(
     vm_in, sim, fast_boot, sent_tasks, django_capture_on_commit_callbacks
 ):
