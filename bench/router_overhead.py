@@ -139,6 +139,7 @@ def write_documents(base: str) -> str:
         "slug": SLUG,
         "model": MODEL,
         "tenant": "bench",
+        "created": int(time.time()),
         # Room for the whole load on the replicas: the bench measures the router, not the queue.
         "replica_concurrency": CONCURRENCY,
         "queue_limit": CONCURRENCY,

@@ -2,18 +2,25 @@
 documents are, gpucap/notices/cache.py): the router answers from Redis alone, never the ORM.
 
 - ``gpucap:inference:route:<slug>`` -> JSON route document of a deployment:
-  ``{"deployment": id, "slug", "model", "tenant", "replica_concurrency", "queue_limit",
-  "replicas": [{"id": "vm-42", "url": "http://..."}]}``. Only running replicas with an endpoint
-  are listed: a replica under notice, stopping or booting gets no request.
+  ``{"deployment": id, "slug", "model", "tenant", "created": epoch seconds,
+  "replica_concurrency", "queue_limit", "replicas": [{"id": "vm-42", "url": "http://..."}]}``.
+  Only running replicas with an endpoint are listed: a replica under notice, stopping or
+  booting gets no request. ``created`` is what ``/v1/models`` reports.
 - ``gpucap:inference:key:<prefix>`` -> JSON key document: ``{"tenant", "deployment": slug or
   null (every deployment of the tenant), "salt", "digest", "expires_at": epoch seconds or null,
   "revoked": bool}``.
+
+Router processes keep copies of these documents and Redis tells them when one changes
+(client-side caching, gpucap/inference/redis_batch.py): writing a document is all it takes.
 
 Counters the router keeps (and the autoscaler and pages read), per deployment slug:
 
 - ``gpucap:inference:inflight:<slug>``: hash replica id -> requests in flight;
 - ``gpucap:inference:queued:<slug>``: requests waiting for a replica;
-- ``gpucap:inference:requests:<slug>:<epoch second>``: requests answered in that second (TTL);
+- ``gpucap:inference:requests:<slug>:<epoch second>``: requests sent to a replica in that
+  second (counted when the router sends one; TTL);
+- ``gpucap:inference:failing:<slug>``: sorted set replica id -> until when (epoch seconds) the
+  router avoids it, after a connection to it failed;
 - ``gpucap:inference:used:<prefix>``: epoch seconds a key was last used (flushed to the
   database by ``inference.keys_flush``).
 
@@ -58,6 +65,10 @@ def requests_key(slug: str, second: int) -> str:
     return f"{PREFIX}requests:{slug}:{second}"
 
 
+def failing_key(slug: str) -> str:
+    return f"{PREFIX}failing:{slug}"
+
+
 def used_key(prefix: str) -> str:
     return f"{PREFIX}used:{prefix}"
 
@@ -70,6 +81,7 @@ def route_document(deployment, replicas) -> dict:
         "slug": deployment.slug,
         "model": deployment.model_name,
         "tenant": deployment.tenant.slug,
+        "created": int(deployment.created_at.timestamp()),
         "replica_concurrency": deployment.replica_concurrency,
         "queue_limit": deployment.queue_limit,
         "replicas": [

@@ -7,25 +7,32 @@ chunk as server-sent events).
 It is on the path of every token, so it is a raw ASGI app in front of Django (gpucap/asgi.py)
 that reads Redis only, never the ORM (the documents gpucap.inference.cache keeps):
 
-1. One MGET reads the deployment's route document and the API key's document. The key must
-   parse, match its salted digest (in constant time), be neither revoked nor expired, belong to
-   the deployment's tenant and open this deployment; otherwise 401, and no replica hears of it.
+1. The deployment's route document and the API key's document come from this process's copies
+   (gpucap.inference.redis_batch: Redis tells the process when one changes, before the write
+   that changed it returns) or, the first time, one MGET. The key must parse, match its salted
+   digest (in constant time), be neither revoked nor expired, belong to the deployment's tenant
+   and open this deployment; otherwise 401, and no replica hears of it.
 2. One Lua script picks, among the running replicas the route document lists (a replica under
    notice or stopping is not listed), the one with the fewest requests in flight below
    ``replica_concurrency``, and counts the request in. In-flight and queued counts live in
    Redis, shared by every router process. When every replica is full the request waits in the
    queue, up to ``queue_limit`` waiting; beyond that the answer is 429 with ``Retry-After``.
-   The same script counts the request in this second's requests.
-3. The request goes to the replica over a kept-alive HTTP/1.1 connection, and the answer comes
-   back chunk by chunk as it arrives. A connection that fails before anything reached the
-   client marks that replica failing for a few seconds and the request goes to another.
+   The same script counts the request in this second's requests (a request is counted when it
+   is sent to a replica).
+3. The request goes to the replica over a kept-alive HTTP/1.1 connection
+   (gpucap.inference.upstream), and the answer comes back chunk by chunk as it arrives. A
+   connection that fails before anything reached the client marks that replica failing for a
+   few seconds and the request goes to another.
 4. One more command gives the slot back (and, once a second, records the key's last use),
    whether the request ended well, badly or with the client gone; a client that leaves stops
    its request, queued or streaming.
 
-Each process sends its Redis commands over one connection, pipelined across requests, and
-keeps its connections to replicas: see the two sections at the end for why not redis-py's
-asyncio client and a general-purpose HTTP client (``bench/router_overhead.py`` measures).
+Every answered request is counted in gpucap.metrics (ROUTER_REQUESTS by deployment and status,
+ROUTER_LATENCY to the last byte); a client that left before its answer counts as status 499.
+
+Redis commands travel pipelined across requests over one connection per process, and the
+packed bytes of a deployment's commands are made once per version of its route document:
+``bench/router_overhead.py`` measures what the router costs a request.
 
 Errors have OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``), so clients
 raise their usual exceptions.
@@ -36,21 +43,25 @@ import hashlib
 import itertools
 import json
 import logging
-import ssl as ssl_module
 import time
 import weakref
-from collections import deque
 from functools import lru_cache
-from typing import NamedTuple
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import httptools
 from django.conf import settings
-from redis.connection import SSLConnection
-from redis.connection import parse_url as redis_parse_url
 
 from gpucap.inference import cache
 from gpucap.inference.keys import key_matches, key_parse
+from gpucap.inference.redis_batch import (
+    RedisBatch,
+    RedisReplyError,
+    RedisUnavailable,
+    as_eval,
+    bulk,
+    pack,
+)
+from gpucap.inference.upstream import ReplicaConnection, ReplicaFailed, ReplicaPool, replica_target
+from gpucap.metrics import ROUTER_LATENCY, ROUTER_REQUESTS
 
 PREFIX = "/inference/"
 BODY_LIMIT = 8 * 1024 * 1024
@@ -63,12 +74,12 @@ REQUESTS_TTL_SECONDS = 120  # per-second request counters outlive every window t
 WATCH_AFTER_SECONDS = 0.05  # a request still running after this listens for its client leaving
 USED_TTL_SECONDS = 30 * 86400
 USED_WRITE_SECONDS = 1  # a key's last use is written at most this often per process
-CONNECT_TIMEOUT_SECONDS = 3
-# Replicas (uvicorn, vLLM) close idle connections after 5 s: reuse them for less than that.
-KEEPALIVE_SECONDS = 4
+CLIENT_GONE = 499  # the status counted for a request whose client left before its answer
+UNKNOWN_DEPLOYMENT = "unknown"  # the metrics' label for a request that named no deployment
 
 log = logging.getLogger(__name__)
 _turns = itertools.count()
+_MISSING = object()
 
 # Hop-by-hop headers, and what is the router's business only, stay here.
 _REQUEST_SKIP = frozenset(
@@ -103,23 +114,30 @@ _RESPONSE_SKIP = frozenset(
 
 
 async def router_app(scope, receive, send) -> None:
+    started = time.perf_counter()
     slug, _, rest = scope["path"][len(PREFIX) :].partition("/")
     rest = f"/{rest}"
-    authorization = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            authorization = value.decode("latin-1")
-            break
+    label = UNKNOWN_DEPLOYMENT
     try:
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+                break
         prefix, secret = _bearer(authorization)
-        raw_route, raw_key = await _redis().execute(
-            b"MGET", cache.route_key(slug), cache.api_key_key(prefix)
-        )
-        route = _document(raw_route)
-        _key_check(_document(raw_key), secret, slug, route)
+        clients = _clients_here()
+        redis = clients.redis
+        route_key, key_key = cache.route_key(slug), cache.api_key_key(prefix)
+        route = redis.copies.get(route_key, _MISSING)
+        key = redis.copies.get(key_key, _MISSING)
+        if route is _MISSING or key is _MISSING:
+            route, key = await redis.documents((route_key, key_key), (_route_parse, _key_parse))
+        _key_check(key, secret, slug, route)
+        label = route.slug
         handler = _handler(scope["method"], rest)
-        await handler(scope, receive, send, route, rest, prefix)
+        status = await handler(scope, receive, send, route, rest, prefix, clients)
     except Refusal as refusal:
+        status = refusal.status
         await _json(send, refusal.status, refusal.body(), headers=refusal.headers)
     except RedisUnavailable as error:
         log.error("inference router: %s", error)
@@ -129,7 +147,9 @@ async def router_app(scope, receive, send) -> None:
             kind="server_error",
             code="router_unavailable",
         )
+        status = 503
         await _json(send, 503, unavailable.body(), headers=_retry_after())
+    _counted(label, status, time.perf_counter() - started)
 
 
 # --- who is asking -------------------------------------------------------------------------------
@@ -165,9 +185,10 @@ def _unauthorized(message: str) -> Refusal:
     return Refusal(401, message, code="invalid_api_key", headers=challenge)
 
 
-def _bearer(authorization: str | None) -> tuple[str, str]:
-    """(prefix, secret) of the request's API key."""
-    scheme, _, key = (authorization or "").strip().partition(" ")
+@lru_cache(maxsize=1024)
+def _bearer(authorization: bytes | None) -> tuple[str, str]:
+    """(prefix, secret) of the request's API key (a client sends the same header each time)."""
+    scheme, _, key = (authorization or b"").decode("latin-1").strip().partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized(
             "You didn't provide an API key. You need to provide your API key in an "
@@ -181,7 +202,7 @@ def _bearer(authorization: str | None) -> tuple[str, str]:
     return parsed
 
 
-def _key_check(key: dict | None, secret: str, slug: str, route: dict | None) -> None:
+def _key_check(key: dict | None, secret: str, slug: str, route: "Route | None") -> None:
     """Refuse unless the key is genuine, current and opens this deployment. A deployment that
     does not exist is refused like another tenant's: a key tells nothing about other tenants."""
     if key is None or not key_matches(salt=key["salt"], digest=key["digest"], secret=secret):
@@ -193,7 +214,7 @@ def _key_check(key: dict | None, secret: str, slug: str, route: dict | None) -> 
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires_at))
         raise _unauthorized(f"This API key expired at {when}.")
     opens = key["deployment"] in (None, slug)
-    if route is None or route["tenant"] != key["tenant"] or not opens:
+    if route is None or route.tenant != key["tenant"] or not opens:
         raise _unauthorized(f"This API key does not open the deployment at {PREFIX}{slug}/.")
 
 
@@ -213,28 +234,132 @@ def _handler(method: str, rest: str):
     return handler
 
 
+# --- the documents -------------------------------------------------------------------------------
+
+
+class Replica:
+    """A replica the route document lists, with the bytes the router sends about it."""
+
+    __slots__ = ("id", "release", "request_start", "target", "url")
+
+    def __init__(self, replica_id: str, url: str, inflight_key: str) -> None:
+        self.id = replica_id
+        self.url = url
+        self.target = target = replica_target(url)
+        host = f" HTTP/1.1\r\nhost: {target.host_header}\r\n".encode("latin-1")
+        self.request_start = (f"POST {target.path}".encode("latin-1"), host)
+        self.release = pack((b"HINCRBY", inflight_key, replica_id, b"-1"))
+
+
+class Route:
+    """A deployment's route document, and the packed commands its requests send (made once per
+    version of the document)."""
+
+    def __init__(self, document: dict) -> None:
+        self.document = document
+        self.slug = slug = document["slug"]
+        self.model = document["model"]
+        self.tenant = document["tenant"]
+        self.created = document.get("created", 0)
+        self.replica_concurrency = document["replica_concurrency"]
+        self.queue_limit = document["queue_limit"]
+        self.inflight_key = cache.inflight_key(slug)
+        self.queued_key = cache.queued_key(slug)
+        self.failing_key = cache.failing_key(slug)
+        self.replicas = [
+            Replica(replica["id"], replica["url"], self.inflight_key)
+            for replica in document["replicas"]
+        ]
+        self.by_id = {replica.id: replica for replica in self.replicas}
+        self.dequeue = pack((b"DECR", self.queued_key))
+        self._acquire_head = b"".join(
+            bulk(part.encode() if isinstance(part, str) else part)
+            for part in (
+                b"EVALSHA",
+                _ACQUIRE_SHA,
+                b"5",
+                self.inflight_key,
+                self.queued_key,
+                cache.route_key(slug),
+            )
+        )
+        self._acquire_limits = b"".join(
+            bulk(b"%d" % n)
+            for n in (self.replica_concurrency, self.queue_limit, REQUESTS_TTL_SECONDS)
+        )
+        self._failing_bulk = bulk(self.failing_key.encode())
+        # Equally busy replicas take turns: the candidates in each rotation, packed.
+        ids = [replica.id.encode() for replica in self.replicas]
+        self._rotations = [
+            b"".join(bulk(i) for i in ids[turn:] + ids[:turn]) for turn in range(len(ids))
+        ]
+        self._second = -1
+        self._requests_bulk = b""
+
+    def acquire(self, mode: bytes, tried: list[str]) -> bytes:
+        """The acquire script's call, packed: ``mode`` b"new" or b"waiting"; the candidates
+        are the replicas not tried yet (all, once all were), in this request's turn."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._requests_bulk = bulk(cache.requests_key(self.slug, second).encode())
+            self._second = second
+        turn = next(_turns) % len(self._rotations)
+        if tried:
+            ids = [replica.id for replica in self.replicas]
+            ids = ids[turn:] + ids[:turn]
+            ids = [i for i in ids if i not in tried] or ids
+            candidates = b"".join(bulk(i.encode()) for i in ids)
+            count = len(ids)
+        else:
+            candidates, count = self._rotations[turn], len(self.replicas)
+        return b"*%d\r\n%b%b%b%b%b%b%b" % (
+            13 + count,
+            self._acquire_head,
+            self._requests_bulk,
+            self._failing_bulk,
+            bulk(mode),
+            self._acquire_limits,
+            bulk(b"%.3f" % now),
+            candidates,
+        )
+
+
+@lru_cache(maxsize=1024)
+def _route_parse(raw: bytes | None) -> Route | None:
+    """Parsed once per version: the same bytes, the same (shared, never changed) Route."""
+    return None if raw is None else Route(json.loads(raw))
+
+
+@lru_cache(maxsize=1024)
+def _key_parse(raw: bytes | None) -> dict | None:
+    return None if raw is None else json.loads(raw)
+
+
 # --- models --------------------------------------------------------------------------------------
 
 
-async def models_list(scope, receive, send, route, rest, prefix) -> None:
+async def models_list(scope, receive, send, route, rest, prefix, clients) -> int:
     await _json(send, 200, {"object": "list", "data": [_model(route)]})
-    await _key_used(prefix)
+    _key_used(clients.redis, prefix)
+    return 200
 
 
-async def model_retrieve(scope, receive, send, route, rest, prefix) -> None:
+async def model_retrieve(scope, receive, send, route, rest, prefix, clients) -> int:
     asked = rest.removeprefix("/v1/models/")
-    if asked != route["model"] and asked != quote(route["model"], safe=""):
+    if asked != route.model and asked != quote(route.model, safe=""):
         raise _model_not_found(asked)
     await _json(send, 200, _model(route))
-    await _key_used(prefix)
+    _key_used(clients.redis, prefix)
+    return 200
 
 
-def _model(route: dict) -> dict:
+def _model(route: Route) -> dict:
     return {
-        "id": route["model"],
+        "id": route.model,
         "object": "model",
-        "created": route.get("created", 0),
-        "owned_by": route["tenant"],
+        "created": route.created,
+        "owned_by": route.tenant,
     }
 
 
@@ -250,51 +375,33 @@ def _model_not_found(model: str) -> Refusal:
 # --- completions ---------------------------------------------------------------------------------
 
 
-async def completion(scope, receive, send, route, rest, prefix) -> None:
+async def completion(scope, receive, send, route, rest, prefix, clients) -> int:
     """Check the request, then hold a replica slot for it while it is answered (or queued),
     for as long as the client stays."""
     body = await _body(receive)
     _payload_check(body, route, chat=rest == "/v1/chat/completions")
-    if not route["replicas"]:
-        raise _no_replica(route["slug"])
-    exchange = _Exchange(scope, send, route, rest, body)
-    task = asyncio.current_task()
+    if not route.replicas:
+        raise _no_replica(route.slug)
+    exchange = _Exchange(scope, receive, send, route, rest, body, clients)
     # The body is read: the next message from the client is its disconnect. A request still
     # running after a moment (queued, or a long answer) listens for it, and stops when it
     # comes before the answer is out: it leaves the queue, or closes the replica's stream.
-    watch = _DisconnectWatch(receive, exchange, task)
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_SECONDS, watch.start)
+    clients.watches.add(exchange)
     try:
         await exchange.run()
     except asyncio.CancelledError:
         if not exchange.left:
             raise  # not ours: the server is shutting down
-        task.uncancel()
+        exchange.task.uncancel()
     finally:
         exchange.over = True
-        timer.cancel()
-        watch.stop()
+        clients.watches.remove(exchange)
         # The answer is out (or the client gone): the slot goes back without waiting here.
-        _logged(exchange.finish(prefix))
+        exchange.finish(prefix)
+    return CLIENT_GONE if exchange.left else exchange.status
 
 
-class _DisconnectWatch:
-    def __init__(self, receive, exchange: "_Exchange", task: asyncio.Task) -> None:
-        self.receive = receive
-        self.exchange = exchange
-        self.task = task
-        self.gone: asyncio.Future | None = None
-
-    def start(self) -> None:
-        self.gone = asyncio.ensure_future(self.receive())
-        self.gone.add_done_callback(lambda _: self.exchange.client_gone(self.task))
-
-    def stop(self) -> None:
-        if self.gone is not None:
-            self.gone.cancel()
-
-
-def _payload_check(body: bytes, route: dict, *, chat: bool) -> None:
+def _payload_check(body: bytes, route: Route, *, chat: bool) -> None:
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
@@ -302,7 +409,7 @@ def _payload_check(body: bytes, route: dict, *, chat: bool) -> None:
     if not isinstance(payload, dict):
         raise Refusal(400, "The request body must be a JSON object.")
     model = payload.get("model")
-    if model is not None and model != route["model"]:
+    if model is not None and model != route.model:
         if not isinstance(model, str):
             raise Refusal(400, "model: must be a string.", param="model")
         raise _model_not_found(model)
@@ -321,43 +428,61 @@ def _payload_check(body: bytes, route: dict, *, chat: bool) -> None:
 class _Exchange:
     """One completion request: the replica slot it holds, its place in the queue, its answer."""
 
-    def __init__(self, scope, send, route: dict, rest: str, body: bytes) -> None:
+    def __init__(self, scope, receive, send, route: Route, rest: str, body: bytes, clients):
         self.scope = scope
+        self.receive = receive
         self.send = send
         self.route = route
-        self.slug = route["slug"]
+        self.slug = route.slug
         self.rest = rest
         self.body = body
+        self.redis: RedisBatch = clients.redis
+        self.pool: ReplicaPool = clients.replicas
+        self.task = asyncio.current_task()
+        self.status = 0  # the answer's, once started
         self.replica: str | None = None  # the slot held
         self.queued = False  # counted in the deployment's queue
         self.answered = False  # the client has its whole answer
         self.left = False  # the client went away first
         self.over = False
-        self._step: asyncio.Future | None = None  # the last acquire's reply
+        self.gone: asyncio.Future | None = None  # the client's disconnect, once listened for
+        self._waiter: asyncio.Future | None = None  # the last acquire's reply, for run()
+        self._pending = False  # an acquire's reply is on its way
+        self._finish_prefix: str | None = None  # finish() waits for that reply
 
-    def client_gone(self, task: asyncio.Task) -> None:
+    # the client leaving
+
+    def watch(self) -> None:
+        if not self.over:
+            self.gone = asyncio.ensure_future(self.receive())
+            self.gone.add_done_callback(self._client_gone)
+
+    def _client_gone(self, _) -> None:
         if not (self.over or self.answered):
             self.left = True
-            task.cancel()
+            self.task.cancel()
+
+    # the exchange
 
     async def run(self) -> None:
         tried: list[str] = []
         failure = None
         for _ in range(ATTEMPTS):
             replica = await self._acquire(tried)
-            url = next(r["url"] for r in self.route["replicas"] if r["id"] == replica)
             try:
-                connection = await _pool().exchange(url, self._request_head(url), self.body)
+                connection = await self.pool.exchange(
+                    replica.target, self._request_head(replica), self.body
+                )
             except ReplicaFailed as error:
-                log.warning("replica %s of %s failed: %s", replica, self.slug, error)
+                log.warning("replica %s of %s failed: %s", replica.id, self.slug, error)
                 failure = error
-                tried.append(replica)
+                tried.append(replica.id)
                 await asyncio.shield(self._release_failing())
                 continue
             try:
-                await self._relay(connection, replica)
+                await self._relay(connection, replica.id)
             finally:
-                _pool().give_back(connection)
+                self.pool.give_back(connection)
             return
         raise Refusal(
             502,
@@ -367,16 +492,15 @@ class _Exchange:
             headers=_retry_after(),
         )
 
-    async def _acquire(self, tried: list[str]) -> str:
+    async def _acquire(self, tried: list[str]) -> Replica:
         """A slot on the least busy replica not tried yet (any, once all were), waiting in the
         queue for one while every replica is full."""
-        candidates = self._candidates(tried)
-        outcome, waiting = await self._try("new", candidates)
+        outcome, value = await self._try(b"new", tried)
         if outcome == b"full":
             raise Refusal(
                 429,
                 f"The deployment {self.slug} is at capacity: every replica is busy and "
-                f"{waiting} requests are waiting. Retry after {RETRY_AFTER_SECONDS} s.",
+                f"{value} requests are waiting. Retry after {RETRY_AFTER_SECONDS} s.",
                 kind="rate_limit_error",
                 code="rate_limit_exceeded",
                 headers=_retry_after(),
@@ -395,70 +519,72 @@ class _Exchange:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, most)
-            outcome, _ = await self._try("waiting", candidates)
+            outcome, _ = await self._try(b"waiting", tried)
             if outcome == b"gone":  # its replicas left while it waited: take the new list
-                self.route = _document(await _redis().execute(b"GET", cache.route_key(self.slug)))
-                if self.route is None or not self.route["replicas"]:
+                (route,) = await self.redis.documents(
+                    (cache.route_key(self.slug),), (_route_parse,)
+                )
+                if route is None or not route.replicas:
                     raise _no_replica(self.slug)
-                candidates = self._candidates(tried)
-        return self.replica
+                self.route = route
+        replica = self.route.by_id.get(self.replica)
+        if replica is None:  # taken from a newer list than this request's
+            (route,) = await self.redis.documents((cache.route_key(self.slug),), (_route_parse,))
+            replica = route.by_id[self.replica] if route is not None else None
+            if replica is None:
+                raise _no_replica(self.slug)
+        return replica
 
-    def _candidates(self, tried: list[str]) -> list[str]:
-        ids = [replica["id"] for replica in self.route["replicas"]]
-        turn = next(_turns) % len(ids)
-        ids = ids[turn:] + ids[:turn]  # equally busy replicas take turns
-        return [replica for replica in ids if replica not in tried] or ids
-
-    async def _try(self, mode: str, candidates: list[str]) -> tuple[bytes, int]:
-        """One run of the acquire script. Its reply is recorded here as it arrives, even if the
+    def _try(self, mode: bytes, tried: list[str]) -> asyncio.Future:
+        """One run of the acquire script. Its reply is recorded as it arrives, even if the
         client has left meanwhile; ``finish`` waits for it before giving slots back."""
-        now = time.time()
-        keys = [
-            cache.inflight_key(self.slug),
-            cache.queued_key(self.slug),
-            cache.route_key(self.slug),
-            cache.requests_key(self.slug, int(now)),
-            _failing_key(self.slug),
-        ]
-        limits = [self.route["replica_concurrency"], self.route["queue_limit"]]
-        args = [mode, *limits, REQUESTS_TTL_SECONDS, f"{now:.3f}", *candidates]
-        reply = _redis().evaluate(_ACQUIRE, keys, args)
-        reply.add_done_callback(self._record)
-        self._step = reply
-        outcome, value = await asyncio.shield(reply)
-        self._record(reply)  # done already, unless the reply was in before the callback ran
-        return outcome, 0 if outcome == b"go" else int(value)
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._pending = True
+        self._packed = self.route.acquire(mode, tried)
+        self.redis.call(self._packed, self._acquired)
+        return self._waiter
 
-    def _record(self, reply: asyncio.Future) -> None:
-        """Note what the acquire script did (harmless twice)."""
-        if reply.cancelled() or reply.exception() is not None:
+    def _acquired(self, reply) -> None:
+        """The acquire script's reply (every one, waited for or not)."""
+        if isinstance(reply, RedisReplyError) and str(reply).startswith("NOSCRIPT"):
+            self.redis.call(as_eval(self._packed, _ACQUIRE), self._acquired)
             return
-        outcome, value = reply.result()
-        if outcome == b"go":
-            self.replica, self.queued = value.decode(), False
-        elif outcome == b"queued":
-            self.queued = True
+        self._pending = False
+        waiter = self._waiter
+        if isinstance(reply, Exception):
+            if not waiter.done():
+                waiter.set_exception(reply)
+        else:
+            outcome, value = reply
+            if outcome == b"go":
+                self.replica, self.queued = value.decode(), False
+                value = 0
+            elif outcome == b"queued":
+                self.queued = True
+            if not waiter.done():
+                waiter.set_result((outcome, value))
+        if self._finish_prefix is not None:
+            self.finish(self._finish_prefix)
 
-    def _request_head(self, url: str) -> bytes:
+    def _request_head(self, replica: Replica) -> bytes:
         """The request line and headers for the replica: the client's own headers, less
         hop-by-hop ones and the router's business (its API key)."""
-        target = _target(url)
-        path = f"{target.path}{self.rest}"
+        path, host = replica.request_start
         query = self.scope["query_string"]
-        lines = [
-            f"POST {path}?{query.decode('latin-1')}" if query else f"POST {path}",
-            " HTTP/1.1\r\nhost: ",
-            target.host_header,
-            f"\r\ncontent-length: {len(self.body)}\r\naccept-encoding: identity\r\n",
+        head = [
+            path,
+            self.rest.encode("latin-1"),
+            b"?" + query if query else b"",
+            host,
+            b"content-length: %d\r\naccept-encoding: identity\r\n" % len(self.body),
         ]
-        head = [line.encode("latin-1") for line in lines]
         for name, value in self.scope["headers"]:
             if name not in _REQUEST_SKIP:
                 head += (name, b": ", value, b"\r\n")
         head.append(b"\r\n")
         return b"".join(head)
 
-    async def _relay(self, connection: "_ReplicaConnection", replica: str) -> None:
+    async def _relay(self, connection: ReplicaConnection, replica: str) -> None:
         headers = [(n, v) for n, v in connection.headers if n not in _RESPONSE_SKIP]
         headers.append((b"x-gpucap-replica", replica.encode()))
         start = {"type": "http.response.start", "status": connection.status, "headers": headers}
@@ -470,6 +596,7 @@ class _Exchange:
                 if not started:
                     # The head waits for the first chunk: a short answer leaves in one go.
                     await self.send(start)
+                    self.status = connection.status
                     started = True
                 more = not last
                 await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
@@ -491,56 +618,56 @@ class _Exchange:
     def _release_failing(self) -> asyncio.Future:
         """Give the slot back and mark the replica failing for a while."""
         replica, self.replica = self.replica, None
-        failing, now = _failing_key(self.slug), time.time()
-        return _redis().send(
-            (b"HINCRBY", cache.inflight_key(self.slug), replica, -1),
+        failing, now = self.route.failing_key, time.time()
+        return self.redis.send(
+            (b"HINCRBY", self.route.inflight_key, replica, -1),
             (b"ZREMRANGEBYSCORE", failing, b"-inf", f"{now:.3f}"),
             (b"ZADD", failing, f"{now + FAILING_SECONDS:.3f}", replica),
             (b"EXPIRE", failing, FAILING_SECONDS * 2),
         )
 
-    def finish(self, prefix: str) -> asyncio.Future | None:
-        """Give back what the request holds and count it, in one write. If the last acquire's
-        reply is still on its way, once it is in."""
-        step = self._step
-        if step is not None and not step.done():
-            step.add_done_callback(lambda _: _logged(self.finish(prefix)))
-            return None
-        commands = []
+    def finish(self, prefix: str) -> None:
+        """Give back what the request holds (in the next write to Redis). If the last
+        acquire's reply is still on its way, once it is in."""
+        if self._pending:
+            self._finish_prefix = prefix
+            return
+        self._finish_prefix = None
+        redis = self.redis
         if self.replica is not None:
-            commands.append((b"HINCRBY", cache.inflight_key(self.slug), self.replica, -1))
+            release = self.route.by_id.get(self.replica)
+            if release is not None:
+                redis.call(release.release, _released)
+            else:
+                packed = pack((b"HINCRBY", self.route.inflight_key, self.replica, b"-1"))
+                redis.call(packed, _released)
             self.replica = None
         if self.queued:
-            commands.append((b"DECR", cache.queued_key(self.slug)))
+            redis.call(self.route.dequeue, _released)
             self.queued = False
-        now = time.time()
-        if now - _used_written.get(prefix, 0.0) >= USED_WRITE_SECONDS:
-            _used_written[prefix] = now
-            used = f"{now:.3f}"
-            commands.append((b"SET", cache.used_key(prefix), used, b"EX", USED_TTL_SECONDS))
-        if not commands:
-            return None
-        return _redis().send(*commands) if len(commands) > 1 else _redis().command(*commands[0])
+        _key_used(redis, prefix)
+
+
+def _released(reply) -> None:
+    if isinstance(reply, Exception):
+        log.error("inference router: %s; a slot or queue place stays counted", reply)
 
 
 # When this process last recorded each key's use: ``last_used_at`` needs no finer grain.
 _used_written: dict[str, float] = {}
 
 
-def _logged(future: asyncio.Future | None) -> None:
-    """Let ``future`` finish on its own; say so if it fails (a slot may stay counted)."""
-
-    def report(done: asyncio.Future) -> None:
-        if not done.cancelled() and done.exception() is not None:
-            log.error("inference router: %s; a slot or queue place stays counted", done.exception())
-
-    if future is not None:
-        future.add_done_callback(report)
+def _key_used(redis: RedisBatch, prefix: str) -> None:
+    now = time.time()
+    if now - _used_written.get(prefix, 0.0) >= USED_WRITE_SECONDS:
+        _used_written[prefix] = now
+        used = f"{now:.3f}"
+        redis.call(pack((b"SET", cache.used_key(prefix), used, b"EX", USED_TTL_SECONDS)), _logged)
 
 
-def _failing_key(slug: str) -> str:
-    """A sorted set: replica id -> until when (epoch seconds) its connections were failing."""
-    return f"{cache.PREFIX}failing:{slug}"
+def _logged(reply) -> None:
+    if isinstance(reply, Exception):
+        log.error("inference router: %s", reply)
 
 
 def _retry_after() -> tuple:
@@ -555,6 +682,43 @@ def _no_replica(slug: str) -> Refusal:
         code="no_replica_ready",
         headers=_retry_after(),
     )
+
+
+class _Watches:
+    """Requests that listen for their client leaving once they have run WATCH_AFTER_SECONDS:
+    one timer for all of a process's requests rather than one each."""
+
+    def __init__(self) -> None:
+        self._running: dict[_Exchange, float] = {}  # in the order they started
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, exchange: _Exchange) -> None:
+        loop = asyncio.get_running_loop()
+        self._running[exchange] = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._sweep)
+
+    def remove(self, exchange: _Exchange) -> None:
+        self._running.pop(exchange, None)
+        if exchange.gone is not None:
+            exchange.gone.cancel()
+
+    def _sweep(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        due = loop.time() - WATCH_AFTER_SECONDS
+        running = self._running
+        started = []
+        for exchange, since in running.items():
+            if since > due:
+                break
+            started.append(exchange)
+        for exchange in started:
+            del running[exchange]
+            exchange.watch()
+        if running:
+            first = next(iter(running.values()))
+            self._timer = loop.call_later(max(first - due, 0.001), self._sweep)
 
 
 # Pick the candidate (ARGV[6..]) with the fewest requests in flight below the limit, count the
@@ -612,6 +776,25 @@ if queued >= queue_limit then return {'full', queued} end
 redis.call('INCR', KEYS[2])
 return {'queued', queued + 1}
 """
+_ACQUIRE_SHA = hashlib.sha1(_ACQUIRE.encode()).hexdigest().encode()
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+# (deployment, status) -> the counter's and the histogram's children: labels() looks up a lock
+# and a dict each call, once per pair is enough.
+_metric_children: dict[tuple[str, int], tuple] = {}
+
+
+def _counted(deployment: str, status: int, seconds: float) -> None:
+    children = _metric_children.get((deployment, status))
+    if children is None:
+        children = _metric_children[(deployment, status)] = (
+            ROUTER_REQUESTS.labels(deployment, str(status)),
+            ROUTER_LATENCY.labels(deployment),
+        )
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 # --- plumbing ------------------------------------------------------------------------------------
@@ -628,22 +811,7 @@ async def _body(receive) -> bytes:
         if size > BODY_LIMIT:
             raise Refusal(413, f"The request body is over {BODY_LIMIT // (1024 * 1024)} MiB.")
         if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-@lru_cache(maxsize=1024)
-def _document(raw: bytes | None) -> dict | None:
-    """A route or key document. Parsed once per version: the same bytes, the same (shared,
-    never changed) dict."""
-    return None if raw is None else json.loads(raw)
-
-
-async def _key_used(prefix: str) -> None:
-    now = time.time()
-    if now - _used_written.get(prefix, 0.0) >= USED_WRITE_SECONDS:
-        _used_written[prefix] = now
-        used = f"{now:.3f}"
-        await _redis().execute(b"SET", cache.used_key(prefix), used, b"EX", USED_TTL_SECONDS)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _json(send, status: int, payload: dict, *, headers=()) -> None:
@@ -670,533 +838,48 @@ def _abort(send) -> None:
     transport.abort()
 
 
-# --- connections to replicas ----------------------------------------------------------------------
-#
-# Replicas speak HTTP/1.1. Each router process keeps idle keep-alive connections per replica
-# and parses answers with httptools, the C parser uvicorn itself uses. A general-purpose client
-# (httpx2, aiohttp) costs several times the router's whole budget per request in Python and
-# sends a request's head and body as separate segments; here a request is one write.
-
-
-class ReplicaFailed(Exception):
-    """The replica's connection failed: refused, reset, closed early, or garbled."""
-
-
-_HEAD, _END = object(), object()  # events of an answer, between its chunks of body
-
-
-class _ReplicaConnection(asyncio.Protocol):
-    """One connection to a replica, one exchange at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.target: tuple | None = None  # the pool's key
-        self.closed: asyncio.Future | None = None  # done once the connection is gone
-        self.reused = False  # had answered before: a failure may just mean it timed out idle
-        self.idle_since = 0.0
-        self._parser = httptools.HttpResponseParser(self)
-        self._events: deque = deque()
-        self._waiter: asyncio.Future | None = None
-        self._paused = False
-        self._failure: ReplicaFailed | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.complete = False  # the whole answer is in
-        self.keep_alive = False  # and the connection may carry another
-        self._head = False
-        self._delimited = False  # the body's end is told (length or chunks), not the close
-
-    @property
-    def usable(self) -> bool:
-        return (
-            self._failure is None
-            and self.transport is not None
-            and not (self.transport.is_closing())
-        )
-
-    def request(self, head: bytes, body: bytes) -> None:
-        self._reset()
-        self._events.clear()
-        self.transport.write(head + body)
-
-    async def response(self) -> None:
-        """Wait for the answer's status line and headers (the first event of an answer)."""
-        await self._next()
-
-    async def chunk(self) -> tuple[bytes, bool]:
-        """The answer's next chunk of body, and whether it is the last (the last may be empty)."""
-        item = await self._next()
-        if item is _END:
-            return b"", True
-        if self._events and self._events[0] is _END:
-            self._events.popleft()
-            return item, True
-        return item, False
-
-    def close(self) -> asyncio.Future | None:
-        """Close; the future is done once the connection is gone."""
-        if self.transport is not None:
-            self.transport.close()
-        return self.closed
-
-    async def _next(self):
-        while not self._events:
-            if self._failure is not None:
-                raise self._failure
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        item = self._events.popleft()
-        if self._paused and len(self._events) < 4:
-            self._paused = False
-            self.transport.resume_reading()
-        return item
-
-    def _push(self, item) -> None:
-        self._events.append(item)
-        if not self._paused and len(self._events) > 64:  # the client reads slower than we get
-            self._paused = True
-            self.transport.pause_reading()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    # asyncio.Protocol
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
-            self._fail(f"unparseable answer: {error}")
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed.set_result(None)
-        if self._head and not self.complete and not self._delimited:
-            self.complete = True  # the close was the end of the body
-            self._push(_END)
-        else:
-            self._fail(f"connection closed: {exc or 'by the replica'}")
-
-    def _fail(self, message: str) -> None:
-        if self._failure is None:
-            self._failure = ReplicaFailed(message)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    # httptools callbacks
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers.append((name, value))
-        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
-            self._delimited = True
-
-    def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-        self._head = True
-        self._push(_HEAD)
-
-    def on_body(self, body: bytes) -> None:
-        self._push(body)
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive() and self._delimited
-        self._push(_END)
-
-
-class _ReplicaPool:
-    """Idle keep-alive connections per replica address, for one event loop."""
-
-    def __init__(self) -> None:
-        self._idle: dict[tuple, list[_ReplicaConnection]] = {}
-
-    async def exchange(self, url: str, head: bytes, body: bytes) -> _ReplicaConnection:
-        """Send a request; return the connection once the answer's head is in. A reused
-        connection that turns out closed is replaced once: idle connections die quietly."""
-        target = _target(url)
-        while True:
-            connection = await self._connection(target)
-            connection.request(head, body)
-            try:
-                await connection.response()
-                return connection
-            except ReplicaFailed:
-                connection.close()
-                if not connection.reused:
-                    raise
-            except BaseException:
-                connection.close()
-                raise
-
-    def give_back(self, connection: _ReplicaConnection) -> None:
-        """Keep the connection for the next request if its exchange ended cleanly."""
-        if connection.complete and connection.keep_alive and connection.usable:
-            connection.reused = True
-            connection.idle_since = time.monotonic()
-            self._idle.setdefault(connection.target, []).append(connection)
-        else:
-            connection.close()
-
-    async def _connection(self, target: "_Target") -> _ReplicaConnection:
-        idle = self._idle.get(target.address)
-        now = time.monotonic()
-        while idle:
-            connection = idle.pop()
-            if connection.usable and now - connection.idle_since < KEEPALIVE_SECONDS:
-                return connection
-            connection.close()
-        loop = asyncio.get_running_loop()
-        try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(
-                    _ReplicaConnection,
-                    target.host,
-                    target.port,
-                    ssl=target.ssl,
-                    server_hostname=target.host if target.ssl else None,
-                ),
-                CONNECT_TIMEOUT_SECONDS,
-            )
-        except (OSError, TimeoutError) as error:
-            raise ReplicaFailed(f"cannot connect to {target.host}:{target.port}: {error}") from None
-        connection.target = target.address
-        return connection
-
-    def close(self) -> list[asyncio.Future]:
-        closing = [connection.close() for idle in self._idle.values() for connection in idle]
-        self._idle.clear()
-        return [future for future in closing if future is not None]
-
-
-class _Target(NamedTuple):
-    address: tuple  # (scheme, host, port): what a connection is kept for
-    host: str
-    port: int
-    ssl: ssl_module.SSLContext | None
-    host_header: str
-    path: str
-
-
-@lru_cache(maxsize=4096)
-def _target(url: str) -> _Target:
-    parts = urlsplit(url)
-    secure = parts.scheme == "https"
-    port = parts.port or (443 if secure else 80)
-    return _Target(
-        address=(parts.scheme, parts.hostname, port),
-        host=parts.hostname,
-        port=port,
-        ssl=ssl_module.create_default_context() if secure else None,
-        host_header=parts.netloc.rpartition("@")[2],
-        path=parts.path.rstrip("/"),
-    )
-
-
-# --- Redis, pipelined -----------------------------------------------------------------------------
-#
-# Every request makes three round trips to Redis. With one connection per process carrying all
-# of them, the commands of every request handled in the same turn of the event loop leave in one
-# write, and Redis answers in order, so a reply goes to the oldest waiting command: under load,
-# a handful of requests share each system call. (redis-py's asyncio client takes a pooled
-# connection, a write and a read per command, with its hooks around each, several times the
-# router's budget; it has no automatic pipelining.)
-
-
-class RedisUnavailable(Exception):
-    """The router's Redis cannot be reached."""
-
-
-class RedisReplyError(Exception):
-    """Redis answered a command with an error."""
-
-
-_INCOMPLETE = object()
-
-
-class _RedisConnection(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._waiting: deque[asyncio.Future] = deque()
-        self._outgoing: list[bytes] = []
-        self._lost: Exception | None = None
-        self.closed: asyncio.Future | None = None  # done once the connection is gone
-
-    @property
-    def usable(self) -> bool:
-        return self._lost is None and self.transport is not None
-
-    def command(self, *args) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        if self._lost is not None:
-            future.set_exception(RedisUnavailable(str(self._lost)))
-            return future
-        if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outgoing.append(_pack(args))
-        self._waiting.append(future)
-        return future
-
-    def _flush(self) -> None:
-        if self._outgoing and self.usable:
-            self.transport.write(b"".join(self._outgoing))
-        self._outgoing.clear()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        position = 0
-        while self._waiting:
-            try:
-                parsed = _parse_reply(self._buffer, position)
-            except (RedisUnavailable, ValueError) as error:
-                self._lost = error  # out of step with Redis: every waiting reply is lost
-                self.transport.close()
-                return
-            if parsed is _INCOMPLETE:
-                break
-            reply, position = parsed
-            future = self._waiting.popleft()
-            if future.done():  # its caller stopped waiting; the command happened all the same
-                continue
-            if isinstance(reply, RedisReplyError):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-        del self._buffer[:position]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed.set_result(None)
-        self._lost = exc or ConnectionResetError("Redis closed the connection")
-        while self._waiting:
-            future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(RedisUnavailable(str(self._lost)))
-
-    def close(self) -> asyncio.Future | None:
-        if self.transport is not None:
-            self.transport.close()
-        return self.closed
-
-
-def _replies(futures: list[asyncio.Future]) -> asyncio.Future:
-    """One future for the replies of commands sent together. Redis answers in order, so they
-    are all in when the last is."""
-    replies = futures[-1].get_loop().create_future()
-
-    def settle(_) -> None:
-        errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
-        if replies.done():
-            return
-        if errors:
-            replies.set_exception(errors[0])
-        elif any(future.cancelled() for future in futures):
-            replies.cancel()
-        else:
-            replies.set_result([future.result() for future in futures])
-
-    futures[-1].add_done_callback(settle)
-    return replies
-
-
-def _pack(args) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if arg.__class__ is not bytes:
-            arg = (arg if arg.__class__ is str else str(arg)).encode()
-        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
-    return b"".join(parts)
-
-
-def _parse_reply(buffer: bytearray, position: int):
-    """One RESP2 reply from ``buffer[position:]`` and where it ends, or _INCOMPLETE."""
-    end = buffer.find(b"\r\n", position)
-    if end < 0:
-        return _INCOMPLETE
-    kind, line, after = buffer[position], bytes(buffer[position + 1 : end]), end + 2
-    if kind == 0x24:  # $ bulk string
-        length = int(line)
-        if length < 0:
-            return None, after
-        if len(buffer) < after + length + 2:
-            return _INCOMPLETE
-        return bytes(buffer[after : after + length]), after + length + 2
-    if kind == 0x3A:  # : integer
-        return int(line), after
-    if kind == 0x2A:  # * array
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            parsed = _parse_reply(buffer, after)
-            if parsed is _INCOMPLETE:
-                return _INCOMPLETE
-            item, after = parsed
-            items.append(item)
-        return items, after
-    if kind == 0x2B:  # + simple string
-        return line, after
-    if kind == 0x2D:  # - error
-        return RedisReplyError(line.decode(errors="replace")), after
-    raise RedisUnavailable(f"unexpected reply from Redis: {bytes(buffer[position:end])!r}")
-
-
-class _Redis:
-    """The commands the router needs, over one pipelined connection (re-made when lost)."""
-
-    def __init__(self, url: str) -> None:
-        self._options = parse_redis_url(url)
-        self._connection: _RedisConnection | None = None
-        self._connecting: asyncio.Future | None = None
-        self._scripts: dict[str, str] = {}
-
-    def command(self, *args) -> asyncio.Future:
-        """Send one command (in one write with whatever else this turn of the loop sends).
-        The future holds its reply; it completes whether or not anyone still waits for it."""
-        connection = self._connection
-        if connection is None or not connection.usable:
-            return asyncio.ensure_future(self._connected_command(args))
-        return connection.command(*args)
-
-    def send(self, *commands: tuple) -> asyncio.Future:
-        """Several commands: the future holds their replies, or the first error."""
-        return _replies([self.command(*command) for command in commands])
-
-    async def execute(self, *args):
-        return await self.command(*args)
-
-    def evaluate(self, script: str, keys: list, args: list) -> asyncio.Future:
-        """The script's reply, as ``command`` gives it (EVALSHA; EVAL when Redis has not seen
-        the script yet)."""
-        sha = self._scripts.get(script)
-        if sha is None:
-            sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest()
-        call = (len(keys), *keys, *args)
-        reply = asyncio.get_running_loop().create_future()
-
-        def settle(sent: asyncio.Future) -> None:
-            error = None if sent.cancelled() else sent.exception()
-            if isinstance(error, RedisReplyError) and str(error).startswith("NOSCRIPT"):
-                self.command(b"EVAL", script, *call).add_done_callback(settle)
-            elif not reply.done():
-                if error is not None:
-                    reply.set_exception(error)
-                elif sent.cancelled():
-                    reply.cancel()
-                else:
-                    reply.set_result(sent.result())
-
-        self.command(b"EVALSHA", sha, *call).add_done_callback(settle)
-        return reply
-
-    async def _connected_command(self, args: tuple):
-        connection = await self._connect()
-        return await connection.command(*args)
-
-    async def _connect(self) -> _RedisConnection:
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._open())
-        connecting = self._connecting
-        try:
-            return await asyncio.shield(connecting)
-        finally:
-            if connecting.done() and self._connecting is connecting:
-                self._connecting = None
-
-    async def _open(self) -> _RedisConnection:
-        options = self._options
-        loop = asyncio.get_running_loop()
-        try:
-            if options.get("path"):
-                _, connection = await asyncio.wait_for(
-                    loop.create_unix_connection(_RedisConnection, options["path"]),
-                    CONNECT_TIMEOUT_SECONDS,
-                )
-            else:
-                _, connection = await asyncio.wait_for(
-                    loop.create_connection(
-                        _RedisConnection,
-                        options.get("host", "localhost"),
-                        options.get("port", 6379),
-                        ssl=ssl_module.create_default_context() if options.get("ssl") else None,
-                    ),
-                    CONNECT_TIMEOUT_SECONDS,
-                )
-        except (OSError, TimeoutError) as error:
-            raise RedisUnavailable(f"cannot connect to Redis: {error}") from None
-        setup = []
-        if options.get("password"):
-            user = [options["username"]] if options.get("username") else []
-            setup.append(("AUTH", *user, options["password"]))
-        if options.get("db"):
-            setup.append(("SELECT", options["db"]))
-        for command in setup:
-            await connection.command(*command)
-        if self._connection is not None:
-            self._connection.close()
-        self._connection = connection
-        return connection
-
-    def close(self) -> list[asyncio.Future]:
-        connection, self._connection = self._connection, None
-        closing = connection.close() if connection is not None else None
-        return [] if closing is None else [closing]
-
-
-def parse_redis_url(url: str) -> dict:
-    options = dict(redis_parse_url(url))
-    if options.pop("connection_class", None) is SSLConnection:
-        options["ssl"] = True
-    return options
+# --- a process's clients -------------------------------------------------------------------------
 
 
 class _Clients:
-    """A process's Redis connection and its replica connections, for one event loop."""
+    """A process's Redis connection, its replica connections and its watched requests, for one
+    event loop."""
 
     def __init__(self) -> None:
-        self.redis = _Redis(settings.INFERENCE_REDIS_URL)
-        self.replicas = _ReplicaPool()
+        self.redis = RedisBatch(
+            settings.INFERENCE_REDIS_URL,
+            tracked_prefixes=(cache.route_key(""), cache.api_key_key("")),
+        )
+        self.replicas = ReplicaPool()
+        self.watches = _Watches()
 
 
 _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clients]" = (
     weakref.WeakKeyDictionary()
 )
+_last: tuple = (None, None)  # the last (loop, clients): a server process has one loop
 
 
 def _clients_here() -> _Clients:
     """One set per event loop (a server process has one; tests start several)."""
+    global _last
     loop = asyncio.get_running_loop()
+    if _last[0] is loop:
+        return _last[1]
     clients = _clients.get(loop)
     if clients is None:
         clients = _clients[loop] = _Clients()
+    _last = (loop, clients)
     return clients
-
-
-def _redis() -> _Redis:
-    return _clients_here().redis
-
-
-def _pool() -> _ReplicaPool:
-    return _clients_here().replicas
 
 
 async def clients_close() -> None:
     """At server shutdown: close this event loop's clients."""
-    clients = _clients.pop(asyncio.get_running_loop(), None)
+    global _last
+    loop = asyncio.get_running_loop()
+    clients = _clients.pop(loop, None)
+    if _last[0] is loop:
+        _last = (None, None)
     if clients is not None:
         closing = [*clients.replicas.close(), *clients.redis.close()]
         if closing:

@@ -18,6 +18,7 @@ import openai
 import pytest
 import uvicorn
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from gpucap.drivers import model_simulator
 from gpucap.drivers.base import VmSpec
@@ -216,6 +217,7 @@ def test_the_openai_client_chats_streams_and_lists_models_through_the_router(ser
     assert len(chunks) == 7  # the role, 5 tokens, the finish
     assert chunks[-1].choices[0].finish_reason == "length"
     assert [(m.id, m.owned_by) for m in models.data] == [(MODEL, "acme")]
+    assert models.data[0].created == int(deployment.created_at.timestamp())
     assert text.choices[0].text == "".join(answer("Once upon a time", 3)[0])
 
 
@@ -241,6 +243,21 @@ def test_a_revoked_key_gets_an_authentication_error(server, serving, key):
     assert refused.value.status_code == 401
     assert refused.value.body["message"] == "This API key has been revoked."
     assert sum(model_simulator.served.values()) == 0
+
+
+def test_a_key_revoked_after_use_is_refused_at_once(server, serving, key):
+    deployment = serving()
+    secret = key(deployment)
+    assert [chat(server, deployment, secret).status_code for _ in range(3)] == [200] * 3
+    served = sum(model_simulator.served.values())
+
+    inference.api_key_revoke(api_key=ApiKey.objects.get())
+    cache.key_publish(ApiKey.objects.get().pk)
+    refused = chat(server, deployment, secret)
+
+    assert refused.status_code == 401
+    assert refused.json()["error"]["message"] == "This API key has been revoked."
+    assert sum(model_simulator.served.values()) == served
 
 
 @pytest.mark.parametrize(
@@ -470,6 +487,24 @@ def test_a_notified_replica_gets_no_traffic(
     assert [name for name, _ in sent_tasks] == ["notices.deadline_stop"]
 
 
+def test_a_replica_notified_after_serving_gets_no_more_traffic(
+    server, serving, key, django_capture_on_commit_callbacks, sent_tasks
+):
+    deployment = serving(2)
+    secret = key(deployment)
+    leaving, staying = deployment.replicas.order_by("pk")
+    before = {chat(server, deployment, secret).headers["x-gpucap-replica"] for _ in range(4)}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        notice_issue(vm=leaving, reason="drain", seconds=120)
+    served_before = model_simulator.served[leaving.instance_id]
+    after = [chat(server, deployment, secret).headers["x-gpucap-replica"] for _ in range(6)]
+
+    assert before == {leaving.instance_id, staying.instance_id}
+    assert after == [staying.instance_id] * 6
+    assert model_simulator.served[leaving.instance_id] == served_before
+
+
 def test_a_request_queued_before_a_notice_does_not_go_to_the_notified_replica(
     server, serving, key, django_capture_on_commit_callbacks, sent_tasks
 ):
@@ -556,7 +591,7 @@ def test_a_streamed_answer_passes_through_chunk_by_chunk(server, serving, key):
     assert response.headers["content-type"].startswith("text/event-stream")
     assert arrivals[-1][1] == "data: [DONE]"
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals[:4])]
-    assert all(gap >= 0.08 for gap in gaps)
+    assert all(gap >= 0.08 for gap in gaps), gaps
 
 
 def test_a_client_that_leaves_mid_stream_gives_its_slot_back(server, serving, key):
@@ -601,6 +636,51 @@ def test_a_client_that_leaves_the_queue_gives_its_place_back(server, serving, ke
 
 
 # --- what the router records --------------------------------------------------------------------
+
+
+def _metric(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_answered_requests_are_counted_in_the_metrics_with_status_and_latency(server, serving, key):
+    deployment = serving(1)
+    secret = key(deployment)
+    slug = deployment.slug
+    ok, not_found = (
+        _metric("gpucap_router_requests_total", deployment=slug, code=code)
+        for code in ("200", "404")
+    )
+    timed = _metric("gpucap_router_request_duration_seconds_count", deployment=slug)
+    over_100ms = timed - _metric(
+        "gpucap_router_request_duration_seconds_bucket", deployment=slug, le="0.1"
+    )
+    unknown = _metric("gpucap_router_requests_total", deployment="unknown", code="401")
+
+    for _ in range(3):
+        chat(server, deployment, secret)
+    chat(server, deployment, secret, model="no-such-model")
+    chat(server, deployment, "gpk_AAAAAAAAAA_" + "B" * 40)
+    slow = chat(server, deployment, secret, headers={"X-Simulator-TTFT-Ms": "200"})
+
+    assert slow.status_code == 200
+    # A request is counted just after its last byte left.
+    wait_until(
+        lambda: (
+            _metric("gpucap_router_request_duration_seconds_count", deployment=slug) == timed + 5
+        ),
+        what="the last answer to be counted",
+    )
+    assert _metric("gpucap_router_requests_total", deployment=slug, code="200") == ok + 4
+    assert _metric("gpucap_router_requests_total", deployment=slug, code="404") == not_found + 1
+    assert _metric("gpucap_router_requests_total", deployment="unknown", code="401") == unknown + 1
+    assert _metric("gpucap_router_request_duration_seconds_count", deployment=slug) == timed + 5
+    # The slow answer took 200 ms to its last byte: it lands above the 0.1 s bucket.
+    assert (
+        timed
+        + 5
+        - _metric("gpucap_router_request_duration_seconds_bucket", deployment=slug, le="0.1")
+        >= over_100ms + 1
+    )
 
 
 def test_requests_are_counted_and_the_keys_use_recorded(server, serving, key):
