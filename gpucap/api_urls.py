@@ -28,6 +28,7 @@ from gpucap.plans.api import (
 )
 from gpucap.rentals.api import VirtualMachineViewSet
 from gpucap.tenancy.api import ObtainTokenView, TenantViewSet
+from gpucap.usage.api import UsageView
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -71,6 +72,7 @@ urlpatterns = [
         CapacitySetWhatIfView.as_view(),
         name="api-capacity-set-what-if",
     ),
+    path("usage/", UsageView.as_view(), name="api-usage"),
     *router.urls,
     re_path(r"^", endpoint_not_found),
 ]

@@ -4,6 +4,7 @@ Defaults work on a developer machine with PostgreSQL on 127.0.0.1:5432 (trust au
 127.0.0.1:6379. Production sets at least DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL.
 """
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -108,6 +109,19 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
+# Mail: invitations carry a set-password link. Development prints mail to the console.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "") or (
+    "django.core.mail.backends.console.EmailBackend"
+    if DEBUG
+    else "django.core.mail.backends.smtp.EmailBackend"
+)
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpucap@localhost")
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -194,6 +208,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "usage.record",
         "schedule": float(env_int("USAGE_RECORD_SECONDS", 60, minimum=1)),
     },
+    # New usage records go to the billing webhook, batch after batch (gpucap.usage).
+    "usage-billing-push": {
+        "task": "usage.billing_push",
+        "schedule": float(env_int("BILLING_PUSH_SECONDS", 60, minimum=1)),
+    },
 }
 
 # Interruption notices and the instance metadata endpoint (gpucap.notices).
@@ -213,6 +232,8 @@ if 86400 % USAGE_PERIOD_SECONDS:
     raise ImproperlyConfigured(
         f"USAGE_PERIOD_SECONDS={USAGE_PERIOD_SECONDS} must divide a day (86400 seconds)"
     )
+# The billing webhook's POST gives up after this many seconds (connect and answer together).
+BILLING_WEBHOOK_TIMEOUT_SECONDS = env_int("BILLING_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=1)
 
 # The model server of the simulated driver's inference replicas (gpucap/drivers/model_simulator.py),
 # served by this app: the base URL replicas report (the web process's address; `make run` serves
@@ -235,6 +256,24 @@ RENTALS_POLLS = env_int("RENTALS_POLLS", 40, minimum=0)  # then the reconciler t
 RENTALS_BOOT_TIMEOUT_SECONDS = env_int("RENTALS_BOOT_TIMEOUT_SECONDS", 900, minimum=1)
 # How long a VM may wait for its task before the reconciler sends the task again.
 RENTALS_RECONCILE_GRACE_SECONDS = env_int("RENTALS_RECONCILE_GRACE_SECONDS", 120, minimum=0)
+
+# /metrics (gpucap.observability): a Prometheus server presents this as a bearer token; unset,
+# only operators' sessions may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters (or unset)")
+# Where the web workers' request metrics are kept so a scrape adds them up (prometheus_client's
+# multiprocess mode, read from the environment when prometheus_client is imported). The
+# Procfile sets it (var/prometheus) and empties it before the web server starts; a process
+# started with it set but the directory missing would fail at its first request, so make it.
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
+if PROMETHEUS_MULTIPROC_DIR:
+    Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+elif "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+    # prometheus_client would write its files into the working directory.
+    raise ImproperlyConfigured(
+        "PROMETHEUS_MULTIPROC_DIR is set but empty: unset it or name a directory"
+    )
 
 LOGGING = {
     "version": 1,

@@ -4,6 +4,8 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from gpucap import observability
+
 
 def healthz(request: HttpRequest) -> HttpResponse:
     """Liveness for load balancers and process supervisors: the Django stack answers."""
@@ -14,6 +16,7 @@ def healthz(request: HttpRequest) -> HttpResponse:
 # served in front of Django by gpucap/asgi.py (gpucap/notices/metadata.py).
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", observability.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -27,4 +30,5 @@ urlpatterns = [
     path("", include("gpucap.rentals.urls")),
     path("notices/", include("gpucap.notices.urls")),
     path("", include("gpucap.inference.urls")),
+    path("", include("gpucap.usage.urls")),
 ]

@@ -29,6 +29,8 @@ ENDPOINTS = {
     "/api/pools/{id}/floor/": {"post"},
     "/api/tenants/": {"get"},
     "/api/tenants/{id}/": {"get"},
+    "/api/tenants/{id}/members/": {"get", "post"},
+    "/api/tenants/{id}/members/{membership_id}/": {"patch", "delete"},
     "/api/token/": {"post"},
     "/api/vms/": {"get", "post"},
     "/api/vms/{id}/": {"get", "delete"},
@@ -49,6 +51,7 @@ ENDPOINTS = {
     "/api/api-keys/": {"get", "post"},
     "/api/api-keys/{id}/": {"get"},
     "/api/api-keys/{id}/revoke/": {"post"},
+    "/api/usage/": {"get"},
 }
 
 # Command -> (request component or None, response component).

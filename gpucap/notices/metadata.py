@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from gpucap.metrics import METADATA_LATENCY, METADATA_REQUESTS
 from gpucap.notices.cache import metadata_key
 
 PREFIXES = ("/latest/", "/computeMetadata/", "/metadata/")
@@ -55,6 +56,28 @@ def metadata_front(django_app):
 
 
 async def metadata_app(scope, receive, send) -> None:
+    """Answer one request, counted in gpucap_metadata_requests_total and timed in
+    gpucap_metadata_request_duration_seconds (a GCP long-poll is counted, not timed: its wait
+    is the guest's choice)."""
+    started = time.perf_counter()
+    status = 500  # unless a response starts
+
+    async def send_counted(message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    try:
+        await _answer(scope, receive, send_counted)
+    finally:
+        flavour = _flavour(scope["path"])
+        _requests_counter(flavour, status).inc()
+        if b"wait_for_change" not in scope["query_string"]:
+            _latency_histogram(flavour).observe(time.perf_counter() - started)
+
+
+async def _answer(scope, receive, send) -> None:
     request = _Request(scope, receive)
     address = guest_address(scope.get("client"), request.headers.get("x-forwarded-for"))
     if address is None:
@@ -70,6 +93,27 @@ async def metadata_app(scope, receive, send) -> None:
         await _text(send, 405, "method not allowed", headers=[(b"allow", allow.encode())])
         return
     await handler(request, address, send)
+
+
+def _flavour(path: str) -> str:
+    if path.startswith("/latest/"):
+        return "ec2"
+    if path.startswith("/computeMetadata/"):
+        return "gcp"
+    if path.startswith("/metadata/scheduledevents"):
+        return "azure"
+    return "native"
+
+
+# The metrics' children, looked up once: labels() takes a lock on every call.
+@lru_cache(maxsize=256)
+def _requests_counter(flavour: str, status: int):
+    return METADATA_REQUESTS.labels(flavour, str(status))
+
+
+@lru_cache(maxsize=8)
+def _latency_histogram(flavour: str):
+    return METADATA_LATENCY.labels(flavour)
 
 
 # --- who is asking ------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from gpucap import arbiter, locks
+from gpucap import arbiter, locks, metrics
 from gpucap.arbiter import model as am
 from gpucap.arbiter.topology import block_sizes
 from gpucap.audit.services import Actor, audit_record
@@ -143,6 +143,7 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         planning_ms=elapsed_ms,
     )
     PlanAction.objects.bulk_create(plan_actions(plan, snap, result))
+    metrics.shared_count_on_commit(metrics.PLANS_MADE, set=capacity_set.name, mode=plan.mode)
     logger.info(
         "capacity set %s generation %s: plan %s, %s placements, %s preemptions, %s unsatisfied",
         capacity_set.name,
@@ -370,6 +371,8 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
     if applied != 1:
         raise Conflict(f"plan {plan.pk} is no longer proposed", code="plan_not_proposed")
     plan.refresh_from_db()
+    # Counted on commit: an apply that a later step rolls back was never applied.
+    metrics.shared_count_on_commit(metrics.PLANS_APPLIED, set=capacity_set.name, mode=plan.mode)
 
     leaving: dict[int, set[int]] = defaultdict(set)  # node id -> GPUs victims still hold
     for action in actions:

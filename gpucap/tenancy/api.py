@@ -1,18 +1,23 @@
-"""REST API for tenancy: the tenants a user may see, and API tokens.
+"""REST API for tenancy: the tenants a user may see, their members, and API tokens.
 
 Operators see every tenant; a member sees only the tenants they belong to, and another
-tenant's id answers 404, as if it did not exist.
+tenant's id answers 404, as if it did not exist. A tenant's admins manage its members; its
+other members and operators read the list, and a write from them answers 403.
 """
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
 from gpucap.api import AutoSchema
 from gpucap.fleet.models import Pool
-from gpucap.tenancy.models import Tenant
+from gpucap.tenancy import selectors, services
+from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 
@@ -25,6 +30,48 @@ class TenantSerializer(serializers.ModelSerializer):
         model = Tenant
         fields = ["id", "name", "slug", "pools", "created_at"]
         read_only_fields = fields
+
+
+@extend_schema_field(
+    {"type": "string", "pattern": "^(admin|member)$", "description": "`admin` or `member`."}
+)
+class RoleField(serializers.ChoiceField):
+    """A member's role. Documented without an enum component, whose name "Role" would clash
+    with the VMs' role."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(choices=Membership.Role.choices, **kwargs)
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    role = RoleField(read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+    email = serializers.EmailField(source="user.email", read_only=True)
+    joined_at = serializers.DateTimeField(source="created_at", read_only=True)
+    last_login = serializers.DateTimeField(source="user.last_login", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "username", "email", "role", "joined_at", "last_login"]
+        read_only_fields = fields
+
+
+class MemberInviteSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    role = RoleField(default="member")
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    role = RoleField()
+
+
+class InvitationSerializer(serializers.Serializer):
+    member = MemberSerializer(source="membership")
+    created_user = serializers.BooleanField(help_text="A new account was made for the address.")
+    set_password_url = serializers.CharField(
+        help_text="Where the invited person chooses a password (mailed to them too); empty "
+        "when they have one already. Shown once."
+    )
 
 
 class TenantViewSet(viewsets.ReadOnlyModelViewSet):
@@ -41,6 +88,67 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False) or is_operator(self.request.user):
             return tenants
         return tenants.filter(pk__in=tenant_ids_for(self.request.user))
+
+    @extend_schema(
+        methods=["GET"],
+        responses=MemberSerializer(many=True),
+        description="The tenant's members, by username.",
+    )
+    @extend_schema(
+        methods=["POST"],
+        request=MemberInviteSerializer,
+        responses={201: InvitationSerializer},
+        description="Invite by email address (tenant admins): someone without an account gets "
+        "one with a set-password link; an existing user is just added.",
+    )
+    @action(detail=True, methods=["get", "post"], url_path="members")
+    def members(self, request, pk=None):
+        tenant = self.get_object()
+        if request.method == "GET":
+            members = selectors.tenant_members(tenant=tenant)
+            return Response(MemberSerializer(members, many=True).data)
+        self._require_admin(tenant)
+        data = MemberInviteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        invitation = services.member_invite(
+            tenant=tenant,
+            site_url=request.build_absolute_uri("/"),
+            actor=request.user,
+            **data.validated_data,
+        )
+        response = Response(InvitationSerializer(invitation).data, status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store, private"
+        return response
+
+    @extend_schema(
+        methods=["PATCH"],
+        request=MemberRoleSerializer,
+        responses=MemberSerializer,
+        description="Change a member's role (tenant admins). A tenant keeps one admin at least.",
+    )
+    @extend_schema(
+        methods=["DELETE"],
+        responses={204: OpenApiResponse(description="Removed; the account stays.")},
+        description="Remove a member (tenant admins). Its last admin cannot be removed.",
+    )
+    @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<membership_id>\d+)")
+    def member(self, request, pk=None, membership_id=None):
+        tenant = self.get_object()
+        membership = selectors.tenant_member(tenant=tenant, pk=int(membership_id))
+        self._require_admin(tenant)
+        if request.method == "DELETE":
+            services.member_remove(membership=membership, actor=request.user)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        data = MemberRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.member_set_role(
+            membership=membership, role=data.validated_data["role"], actor=request.user
+        )
+        return Response(MemberSerializer(membership).data)
+
+    def _require_admin(self, tenant: Tenant) -> None:
+        if selectors.viewer_role(tenant=tenant, user=self.request.user) != "admin":
+            raise PermissionDenied("Only the tenant's admins manage its members.")
 
 
 class TokenSerializer(serializers.Serializer):

@@ -1,14 +1,28 @@
 """Reads for tenant pages. A tenant member sees only their own tenants; operators see all."""
 
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count
+from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.http import Http404
+from django.utils import timezone
 
 from gpucap.fleet.models import Gpu, Node, Pool
+from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.inference.selectors import DeploymentList, tenant_deployments
+from gpucap.notices.models import InterruptionNotice
+from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
+from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
+
+# The portal shows this many VMs (open notices first, then the newest) and API keys (newest).
+PORTAL_VMS = 10
+PORTAL_KEYS = 20
 
 
 def tenants_for(user: AbstractBaseUser) -> list[Tenant]:
@@ -37,37 +51,162 @@ class PoolAccess:
     usable_gpus: int
 
 
+def viewer_role(*, tenant: Tenant, user: AbstractBaseUser) -> str:
+    """How ``user`` sees ``tenant``: "admin" or "member" for its members, "operator" for an
+    operator looking in read-only. One query (none more for an operator's role check that
+    was made already)."""
+    role = (
+        Membership.objects.filter(tenant=tenant, user_id=user.pk)
+        .values_list("role", flat=True)
+        .first()
+    )
+    if role is not None:
+        return role
+    if is_operator(user):
+        return "operator"
+    # Callers fetch the tenant through tenant_visible_to, so this is a programming error.
+    raise Http404("No such tenant.")
+
+
+# --- the portal: a tenant's home ---------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class TenantOverview:
+class UsageTotal:
+    kind: str
+    label: str
+    gpu_hours: Decimal
+
+
+@dataclass(frozen=True)
+class PortalLive:
+    """What the portal refreshes by polling: VMs, deployments and this month's GPU-hours."""
+
+    vms: list[VirtualMachine]
+    more_vms: bool  # the tenant has more live VMs than the portal shows
+    deployments: DeploymentList
+    usage: list[UsageTotal]
+    month_start: datetime
+    month_end: datetime
+
+    @property
+    def polling_fast(self) -> bool:
+        return any(vm.state in TRANSITIONAL for vm in self.vms)
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return sum((total.gpu_hours for total in self.usage), Decimal(0))
+
+
+@dataclass(frozen=True)
+class TenantPortal:
     tenant: Tenant
     role: str  # "admin", "member", or "operator" for an operator looking in read-only
-    members: list[Membership]
-    member_count: int
+    live: PortalLive
+    keys: list[ApiKey]
+    more_keys: bool
     pools: list[PoolAccess]
+    member_count: int
 
     @property
     def read_only(self) -> bool:
         return self.role == "operator"
 
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Membership.Role.ADMIN
 
-def tenant_overview(*, tenant: Tenant, user: AbstractBaseUser) -> TenantOverview:
-    """The tenant's landing page: the viewer's role, its members (all of them for admins and
-    operators, only yourself otherwise) and the pools it may use. Three queries."""
-    memberships = list(tenant.memberships.select_related("user").order_by("user__username"))
-    mine = next((m for m in memberships if m.user_id == user.pk), None)
-    if mine is not None:
-        role = mine.role
-    elif is_operator(user):
-        role = "operator"
-    else:  # callers fetch the tenant through tenant_visible_to, so this is a programming error
-        raise Http404("No such tenant.")
-    visible = memberships if role in ("admin", "operator") else [mine]
-    return TenantOverview(
+
+def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | None = None):
+    """A tenant's home: the viewer's role, the live part (`portal_live`), its API keys, the
+    pools it may use and how many members it has. Ten queries and one Redis round trip,
+    whatever the number of VMs, deployments, keys or pools."""
+    keys = list(
+        ApiKey.objects.filter(tenant=tenant)
+        .select_related("deployment")
+        .order_by("-created_at", "-id")[: PORTAL_KEYS + 1]
+    )
+    return TenantPortal(
         tenant=tenant,
-        role=role,
-        members=visible,
-        member_count=len(memberships),
+        role=viewer_role(tenant=tenant, user=user),
+        live=portal_live(tenant=tenant, now=now),
+        keys=keys[:PORTAL_KEYS],
+        more_keys=len(keys) > PORTAL_KEYS,
         pools=pool_access(tenant=tenant),
+        member_count=tenant.memberships.count(),
+    )
+
+
+def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
+    """The tenant's live VMs (open notices first, then the newest), its deployments with
+    replica counts and load, and this month's GPU-hours per pool kind. Four queries and one
+    Redis round trip."""
+    now = now or timezone.now()
+    vms = list(
+        vms_with_gpus()
+        .filter(tenant=tenant, role=VirtualMachine.Role.RENTAL)
+        .exclude(state=VirtualMachine.State.TERMINATED)
+        .order_by(F("notice_deadline").asc(nulls_last=True), "-created_at", "-id")[: PORTAL_VMS + 1]
+    )
+    since, until = month_bounds(now)
+    hours = gpu_hours_by_pool_kind(tenant_id=tenant.pk, since=since, until=until, now=now)
+    return PortalLive(
+        vms=vms[:PORTAL_VMS],
+        more_vms=len(vms) > PORTAL_VMS,
+        deployments=tenant_deployments(tenant=tenant),
+        usage=[
+            UsageTotal(kind, label, hours.get(kind, Decimal(0)))
+            for kind, label in Pool.Kind.choices
+        ],
+        month_start=since,
+        month_end=until,
+    )
+
+
+# --- members ----------------------------------------------------------------------------------
+
+
+def tenant_members(*, tenant: Tenant) -> list[Membership]:
+    """A tenant's members with their accounts, by username. One query."""
+    return list(tenant.memberships.select_related("user").order_by("user__username"))
+
+
+def tenant_member(*, tenant: Tenant, pk: int) -> Membership:
+    """One membership of the tenant, or 404 (another tenant's membership id included)."""
+    membership = tenant.memberships.select_related("user", "tenant").filter(pk=pk).first()
+    if membership is None:
+        raise Http404("No such member.")
+    return membership
+
+
+# --- every tenant (operators) -----------------------------------------------------------------
+
+
+def _count(queryset: QuerySet, field: str = "tenant") -> Coalesce:
+    """A per-tenant count as a subquery, so several counts never multiply each other's rows."""
+    counted = queryset.order_by().values(field).annotate(n=Count("pk")).values("n")
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def tenant_list() -> list[Tenant]:
+    """Every tenant by name with ``vm_count`` (rentals that still exist), ``gpu_count`` (GPUs
+    its VMs hold now), ``deployment_count``, ``notice_count`` (open notices) and
+    ``member_count``. One query."""
+    here = OuterRef("pk")
+    rentals = VirtualMachine.objects.filter(tenant=here, role=VirtualMachine.Role.RENTAL)
+    return list(
+        Tenant.objects.annotate(
+            vm_count=_count(rentals.exclude(state=VirtualMachine.State.TERMINATED)),
+            gpu_count=_count(
+                Allocation.objects.filter(vm__tenant=here, released_at=None), "vm__tenant"
+            ),
+            deployment_count=_count(InferenceDeployment.objects.filter(tenant=here)),
+            notice_count=_count(
+                InterruptionNotice.objects.filter(vm__tenant=here, completed_at=None),
+                "vm__tenant",
+            ),
+            member_count=_count(Membership.objects.filter(tenant=here)),
+        ).order_by("name")
     )
 
 

@@ -1,12 +1,24 @@
-"""Where people land: operators on the fleet, tenant members on their tenant's page."""
+"""Where people land, a tenant's portal and members, and the operators' list of tenants.
 
+Operators land on the fleet, tenant members on their tenant's portal. Operators may open any
+tenant's pages read-only: the pages render without their forms, and what a form would post is
+refused with 403. A tenant that is not yours is a 404, as if it did not exist.
+"""
+
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET
+from django.urls import reverse_lazy
+from django.utils import timezone
+from django.utils.cache import patch_cache_control
+from django.views.decorators.http import require_GET, require_POST
 
-from gpucap.tenancy import selectors
-from gpucap.tenancy.decorators import render_page
+from gpucap.tenancy import selectors, services
+from gpucap.tenancy.decorators import operator_required, render_page, wants_fragment
+from gpucap.tenancy.forms import MemberInviteForm, MemberRoleForm
+from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.roles import is_operator
 
 
@@ -24,9 +36,184 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
+@operator_required
+def tenant_list(request: HttpRequest) -> HttpResponse:
+    """Operators: every tenant with what it runs, each linking to its portal."""
+    return render(
+        request, "tenancy/tenant_list.html", {"nav": "tenants", "tenants": selectors.tenant_list()}
+    )
+
+
+# --- the portal -------------------------------------------------------------------------------
+
+
+@require_GET
 @login_required
 def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """The tenant's portal. Its live part (VMs, deployments, this month's GPU-hours) polls this
+    URL and reads nothing else."""
     tenant = selectors.tenant_visible_to(user=request.user, slug=slug)
-    overview = selectors.tenant_overview(tenant=tenant, user=request.user)
-    context = {"nav": "tenant", "overview": overview}
-    return render_page(request, "tenancy/tenant_detail.html", context, fragment="tenant-pools")
+    now = timezone.now()
+    context = {"nav": _nav(request), "tenant": tenant, "site": _site(request), "now": now}
+    if wants_fragment(request):
+        context["live"] = selectors.portal_live(tenant=tenant, now=now)
+    else:
+        portal = selectors.tenant_portal(tenant=tenant, user=request.user, now=now)
+        context.update(portal=portal, live=portal.live, read_only=portal.read_only)
+    return render_page(request, "tenancy/tenant_detail.html", context, fragment="portal-live")
+
+
+# --- members ----------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def members(request: HttpRequest, slug: str) -> HttpResponse:
+    """Every member of the tenant. Admins also get the forms to invite, change roles and
+    remove; other members and operators see the list only."""
+    tenant = selectors.tenant_visible_to(user=request.user, slug=slug)
+    role = selectors.viewer_role(tenant=tenant, user=request.user)
+    return _members_page(request, tenant, role)
+
+
+@require_POST
+@login_required
+def member_invite(request: HttpRequest, slug: str) -> HttpResponse:
+    """Invite by email address. The answer shows the set-password link once (it is mailed
+    too), so it is marked not to be cached."""
+    tenant = _admin_tenant(request, slug)
+    form = MemberInviteForm(request.POST)
+    invitation = None
+    if form.is_valid():
+        try:
+            invitation = services.member_invite(
+                tenant=tenant, site_url=_site(request), actor=request.user, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_service_errors(exc)
+        else:
+            form = MemberInviteForm()
+    response = _members_page(
+        request,
+        tenant,
+        Membership.Role.ADMIN,
+        invite_form=form,
+        invitation=invitation,
+        status=200 if invitation else 400,
+    )
+    patch_cache_control(response, no_store=True, private=True)
+    return response
+
+
+@require_POST
+@login_required
+def member_set_role(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    tenant = _admin_tenant(request, slug)
+    membership = selectors.tenant_member(tenant=tenant, pk=pk)
+    form = MemberRoleForm(request.POST)
+    error = ""
+    if form.is_valid():
+        try:
+            membership = services.member_set_role(
+                membership=membership, role=form.cleaned_data["role"], actor=request.user
+            )
+        except ValidationError as exc:
+            error = "; ".join(exc.messages)
+    else:
+        error = "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
+    if not error and not request.htmx:
+        return redirect("tenant-members", slug=tenant.slug)
+    who = membership.user.get_username()
+    done = "" if error else f"{who} is now {membership.get_role_display()}."
+    return _members_page(
+        request,
+        tenant,
+        _role_after(request, tenant),
+        error=error,
+        done=done,
+        status=400 if error else 200,
+    )
+
+
+@require_POST
+@login_required
+def member_remove(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    tenant = _admin_tenant(request, slug)
+    membership = selectors.tenant_member(tenant=tenant, pk=pk)
+    error = ""
+    try:
+        services.member_remove(membership=membership, actor=request.user)
+    except ValidationError as exc:
+        error = "; ".join(exc.messages)
+    if not error and not request.htmx:
+        return redirect("tenant-members", slug=tenant.slug)
+    done = "" if error else f"Removed {membership.user.get_username()} from {tenant.name}."
+    return _members_page(
+        request,
+        tenant,
+        _role_after(request, tenant),
+        error=error,
+        done=done,
+        status=400 if error else 200,
+    )
+
+
+def _admin_tenant(request: HttpRequest, slug: str) -> Tenant:
+    """The tenant, if the user is one of its admins: outsiders get 404, its other members and
+    operators (who look in read-only) 403."""
+    tenant = selectors.tenant_visible_to(user=request.user, slug=slug)
+    if selectors.viewer_role(tenant=tenant, user=request.user) != Membership.Role.ADMIN:
+        raise PermissionDenied("Only the tenant's admins manage its members.")
+    return tenant
+
+
+def _role_after(request: HttpRequest, tenant: Tenant) -> str:
+    """The viewer's role after a change, which may have been to themselves."""
+    try:
+        return selectors.viewer_role(tenant=tenant, user=request.user)
+    except Http404:  # they removed themselves: no more forms for them
+        return "former"
+
+
+def _members_page(
+    request: HttpRequest, tenant: Tenant, role: str, *, status: int = 200, **extra
+) -> HttpResponse:
+    is_admin = role == Membership.Role.ADMIN
+    extra.setdefault("invite_form", MemberInviteForm() if is_admin else None)
+    context = {
+        "nav": _nav(request),
+        "tenant": tenant,
+        "role": role,
+        "read_only": role == "operator",
+        "is_admin": is_admin,
+        "members": selectors.tenant_members(tenant=tenant),
+        "roles": Membership.Role.choices,
+        **extra,
+    }
+    return render_page(
+        request, "tenancy/members.html", context, fragment="members-panel", status=status
+    )
+
+
+# --- choosing a password from an invitation ---------------------------------------------------
+
+
+class SetPasswordView(auth_views.PasswordResetConfirmView):
+    """The link an invitation carries: choose a password, once. Django's password reset
+    confirmation: the token stops working once the password is set, and after
+    ``PASSWORD_RESET_TIMEOUT``."""
+
+    template_name = "registration/set_password.html"
+    success_url = reverse_lazy("set-password-done")
+
+
+class SetPasswordDoneView(auth_views.PasswordResetCompleteView):
+    template_name = "registration/set_password_done.html"
+
+
+def _nav(request: HttpRequest) -> str:
+    return "tenants" if is_operator(request.user) else "tenant"
+
+
+def _site(request: HttpRequest) -> str:
+    return request.build_absolute_uri("/").rstrip("/")

@@ -3,7 +3,7 @@ them."""
 
 from django.contrib import admin
 
-from gpucap.usage.models import UsageInterval
+from gpucap.usage.models import BillingDelivery, UsageInterval
 
 
 @admin.register(UsageInterval)
@@ -21,6 +21,26 @@ class UsageIntervalAdmin(admin.ModelAdmin):
     search_fields = ["vm__name", "tenant__slug"]
     list_select_related = ["vm", "tenant"]
     date_hierarchy = "started_at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(BillingDelivery)
+class BillingDeliveryAdmin(admin.ModelAdmin):
+    """Deliveries to the billing webhook, read-only; its settings are on /usage/billing/, where
+    changes are validated and audited."""
+
+    list_display = ["at", "batch_id", "record_count", "attempt", "accepted", "status_code", "error"]
+    list_filter = ["accepted", "status_code"]
+    search_fields = ["batch_id", "error"]
+    date_hierarchy = "at"
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -11,6 +11,12 @@ import json
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from django.utils import timezone
+
+from gpucap.usage import selectors
+
 COLUMNS = [
     "x_RecordId",
     "ChargePeriodStart",
@@ -113,3 +119,39 @@ def _utc(moment: datetime) -> str:
     if moment.microsecond:
         text += f".{moment.microsecond:06d}"
     return text + "Z"
+
+
+def export_response(
+    fmt: str, period, *, tenants: list | None, attachment: bool = True
+) -> StreamingHttpResponse:
+    """The rows of ``tenants`` (None: every tenant) in ``period`` as a streamed CSV or JSON
+    download named like ``gpucap-usage-acme-2026-11.csv``."""
+    now = timezone.now()
+    if tenants is None:
+        rows = selectors.usage_rows(since=period.start, until=period.end, now=now)
+    elif len(tenants) == 1:
+        rows = selectors.usage_rows(
+            since=period.start, until=period.end, tenant_id=tenants[0].pk, now=now
+        )
+    else:
+        rows = selectors.usage_rows_of_tenants(
+            since=period.start, until=period.end, tenant_ids=[t.pk for t in tenants], now=now
+        )
+    if fmt == "csv":
+        response = StreamingHttpResponse(csv_lines(rows), content_type="text/csv; charset=utf-8")
+    else:
+        meta = {
+            **period.query(),
+            "tenants": None if tenants is None else [tenant.slug for tenant in tenants],
+            "generated_at": now.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "usage_period_seconds": settings.USAGE_PERIOD_SECONDS,
+            "columns": COLUMNS,
+        }
+        response = StreamingHttpResponse(
+            json_chunks(rows, meta=meta), content_type="application/json"
+        )
+    if attachment:
+        scope = "all" if tenants is None else "-".join(tenant.slug for tenant in tenants)
+        filename = f"gpucap-usage-{scope}-{period.name}.{fmt}"
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response

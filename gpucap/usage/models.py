@@ -101,3 +101,83 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return self.record_id
+
+
+# --- billing webhook ----------------------------------------------------------------------------
+
+
+class BillingWebhook(models.Model):
+    """Where usage records are pushed, and how far the receiver has accepted them. One row
+    (id 1, a check constraint); ``services.billing_push`` is the only writer of the delivery
+    state, ``services.billing_webhook_configure`` of the settings.
+
+    ``cursor`` is the id of the last record the receiver accepted: records are made in id
+    order, so everything above it is still to send. ``batch_first``..``batch_last`` is the batch
+    being delivered; it stays fixed until the receiver accepts it, so a retry re-sends the same
+    records under the same batch id. A pusher holds the lease (``lease_until``) while it POSTs,
+    so two pushers never send a batch at once, and a pusher that dies frees it by expiry."""
+
+    SINGLETON = 1
+
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=200, help_text="Signs every delivery (HMAC-SHA256).")
+    enabled = models.BooleanField(default=False)
+    batch_size = models.PositiveIntegerField(default=500)
+    cursor = models.BigIntegerField(
+        default=0, help_text="Id of the last usage record the receiver accepted."
+    )
+    batch_first = models.BigIntegerField(null=True, blank=True)
+    batch_last = models.BigIntegerField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(id=1), name="billing_webhook_singleton"),
+            models.CheckConstraint(
+                condition=Q(batch_size__gte=1) & Q(batch_size__lte=5000),
+                name="billing_webhook_batch_size_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_first__isnull=True, batch_last__isnull=True)
+                | Q(batch_first__gt=F("cursor"), batch_last__gte=F("batch_first")),
+                name="billing_webhook_batch_after_cursor",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"billing webhook {self.url}"
+
+    @property
+    def batch_id(self) -> str | None:
+        return f"{self.batch_first}-{self.batch_last}" if self.batch_last is not None else None
+
+
+class BillingDelivery(models.Model):
+    """One POST of one batch to the billing webhook, accepted or not."""
+
+    webhook = models.ForeignKey(BillingWebhook, on_delete=models.CASCADE, related_name="deliveries")
+    batch_id = models.CharField(max_length=64, help_text="<first record id>-<last record id>")
+    first_record = models.BigIntegerField()
+    last_record = models.BigIntegerField()
+    record_count = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField(help_text="1 for a batch's first POST, 2 for its retry…")
+    accepted = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.PositiveIntegerField()
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["-at", "-id"], name="billing_delivery_newest")]
+
+    def __str__(self) -> str:
+        outcome = "accepted" if self.accepted else "failed"
+        return f"batch {self.batch_id} attempt {self.attempt} {outcome}"

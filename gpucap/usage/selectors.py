@@ -1,13 +1,16 @@
 """Reads of usage shared by the pages, the API and the exports."""
 
 from collections.abc import Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection
 from django.utils import timezone
 
+from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.usage import pieces
+from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageRecord
 
 # A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment.
 USAGE_ROWS_SQL = """
@@ -77,7 +80,229 @@ def gpu_hours_by_pool_kind(
 
 def month_bounds(moment: datetime) -> tuple[datetime, datetime]:
     """The calendar month (UTC) ``moment`` falls in: [first day, first day of the next)."""
-    moment = moment.astimezone(timezone.UTC)
+    moment = moment.astimezone(UTC)
     start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
     return start, end
+
+
+def usage_rows_of_tenants(
+    *,
+    since: datetime,
+    until: datetime,
+    tenant_ids: list[int],
+    now: datetime | None = None,
+) -> Iterator[dict]:
+    """``usage_rows`` for several tenants at once (a member of more than one asking for all of
+    theirs): the same rows, the same order, one streaming query."""
+    now = now or timezone.now()
+    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where="i.tenant_id = ANY(%(tenant_ids)s)"))
+    params = pieces.params(now=now, since=since, until=until, tenant_ids=list(tenant_ids))
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        columns = [column.name for column in cursor.description]
+        while chunk := cursor.fetchmany(2000):
+            for values in chunk:
+                yield dict(zip(columns, values, strict=True))
+
+
+# --- usage per day, for the usage pages' totals and charts -------------------------------------
+
+# A piece never crosses midnight (periods divide a day and start at midnight UTC), so its
+# start's UTC date is its day.
+BY_DAY_SQL = """
+SELECT (r.started_at AT TIME ZONE 'UTC')::date AS day, r.tenant_id, t.slug, t.name,
+       r.pool_kind, sum(r.gpu_seconds) AS gpu_seconds
+  FROM ({rows}) AS r
+  JOIN tenancy_tenant t ON t.id = r.tenant_id
+ GROUP BY 1, 2, 3, 4, 5
+ ORDER BY 1, 4, 5
+"""
+
+POOL_KINDS = ("on_demand", "spot", "inference")
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    slug: str
+    name: str
+    gpu_hours: Decimal
+    by_kind: dict[str, Decimal]  # every pool kind, 0 where none
+
+    @property
+    def kinds(self) -> list[Decimal]:
+        """GPU-hours in POOL_KINDS order, for a table row."""
+        return [self.by_kind[kind] for kind in POOL_KINDS]
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    """GPU-hours in [since, until): in all, per pool kind, per tenant (most first) and per day.
+    Open intervals count up to the moment it was read."""
+
+    since: datetime
+    until: datetime
+    days: list[date]
+    gpu_hours: Decimal
+    by_kind: dict[str, Decimal]  # every pool kind, 0 where none
+    tenants: list[TenantUsage]
+    daily_by_kind: dict[str, list[Decimal]]  # kind -> one value per day of ``days``
+    daily_by_tenant: dict[str, list[Decimal]]  # tenant slug -> one value per day of ``days``
+
+    @property
+    def kinds(self) -> list[tuple[str, str, Decimal]]:
+        """(kind, its label, GPU-hours) for every pool kind."""
+        return [(kind, Pool.Kind(kind).label, self.by_kind[kind]) for kind in POOL_KINDS]
+
+
+def usage_summary(
+    *,
+    since: datetime,
+    until: datetime,
+    tenant_id: int | None = None,
+    now: datetime | None = None,
+) -> UsageSummary:
+    """Everything the usage pages show about a period, from one query: GPU-seconds summed per
+    day, tenant and pool kind."""
+    now = now or timezone.now()
+    where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
+    sql = BY_DAY_SQL.format(rows=pieces.rows_sql(where=where))
+    params = pieces.params(now=now, since=since, until=until, tenant_id=tenant_id)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+
+    days = _days(since, until)
+    index = {day: n for n, day in enumerate(days)}
+    zero = Decimal(0)
+    by_kind = dict.fromkeys(POOL_KINDS, zero)
+    daily_by_kind = {kind: [zero] * len(days) for kind in POOL_KINDS}
+    daily_by_tenant: dict[str, list[Decimal]] = {}
+    tenants: dict[str, tuple[str, dict[str, Decimal]]] = {}
+    for day, _tenant_id, slug, name, kind, seconds in rows:
+        hours = seconds / 3600
+        by_kind[kind] += hours
+        daily_by_kind[kind][index[day]] += hours
+        daily_by_tenant.setdefault(slug, [zero] * len(days))[index[day]] += hours
+        tenants.setdefault(slug, (name, dict.fromkeys(POOL_KINDS, zero)))[1][kind] += hours
+    tenant_usage = sorted(
+        (
+            TenantUsage(slug=slug, name=name, gpu_hours=sum(kinds.values()), by_kind=kinds)
+            for slug, (name, kinds) in tenants.items()
+        ),
+        key=lambda usage: (-usage.gpu_hours, usage.name),
+    )
+    return UsageSummary(
+        since=since,
+        until=until,
+        days=days,
+        gpu_hours=sum(by_kind.values()),
+        by_kind=by_kind,
+        tenants=tenant_usage,
+        daily_by_kind=daily_by_kind,
+        daily_by_tenant=daily_by_tenant,
+    )
+
+
+def _days(since: datetime, until: datetime) -> list[date]:
+    first = since.astimezone(UTC).date()
+    last = (until.astimezone(UTC) - timedelta(microseconds=1)).date()
+    return [first + timedelta(days=n) for n in range((last - first).days + 1)]
+
+
+# --- GPUs held per pool of a capacity set, for the set page's chart ---------------------------
+
+# Each step's GPU-seconds per pool, divided by the part of the step inside [since, until): the
+# average number of GPUs the pool held during it.
+HELD_PER_POOL_SQL = """
+SELECT s.step_start, vm.pool_id,
+       sum(i.gpu_count * extract(epoch FROM
+               least(coalesce(i.ended_at, %(now)s), s.step_start + %(step)s, %(until)s)
+               - greatest(i.started_at, s.step_start)))
+         / extract(epoch FROM least(s.step_start + %(step)s, %(until)s) - s.step_start)
+         AS gpus
+  FROM usage_usageinterval i
+  JOIN rentals_virtualmachine vm ON vm.id = i.vm_id
+  JOIN fleet_pool pool ON pool.id = vm.pool_id
+  CROSS JOIN LATERAL generate_series(
+       date_bin(%(step)s, greatest(i.started_at, %(since)s), %(since)s),
+       least(coalesce(i.ended_at, %(now)s), %(until)s) - interval '1 microsecond',
+       %(step)s) AS s(step_start)
+ WHERE pool.capacity_set_id = %(capacity_set_id)s
+   AND i.started_at < %(until)s
+   AND coalesce(i.ended_at, %(now)s) > %(since)s
+ GROUP BY 1, 2
+"""
+
+
+@dataclass(frozen=True)
+class PoolHeld:
+    pool: Pool
+    gpus: list[float]  # average GPUs held in each step of ``GpusHeld.steps``
+
+
+@dataclass(frozen=True)
+class GpusHeld:
+    since: datetime
+    until: datetime
+    step: timedelta
+    steps: list[datetime]
+    pools: list[PoolHeld]  # every pool of the set, in rank order
+
+
+def gpus_held_per_pool(
+    *,
+    capacity_set: CapacitySet,
+    since: datetime,
+    until: datetime,
+    step: timedelta = timedelta(hours=1),
+    now: datetime | None = None,
+) -> GpusHeld:
+    """The average number of GPUs each pool of the set held in each ``step`` of [since, until)
+    (``since`` is the first step's start), from the lifecycle's usage intervals; open intervals
+    count up to ``now``. Two queries: the set's pools, then the sums."""
+    now = now or timezone.now()
+    pools = list(capacity_set.pools.order_by("rank"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            HELD_PER_POOL_SQL,
+            {
+                "now": now,
+                "since": since,
+                "until": until,
+                "step": step,
+                "capacity_set_id": capacity_set.pk,
+            },
+        )
+        rows = cursor.fetchall()
+    count = -(-(until - since) // step)  # the last step may end at ``until``, before it is whole
+    steps = [since + n * step for n in range(count)]
+    index = {moment: n for n, moment in enumerate(steps)}
+    held = {pool.pk: [0.0] * count for pool in pools}
+    for step_start, pool_id, gpus in rows:
+        held[pool_id][index[step_start]] = float(gpus)
+    return GpusHeld(
+        since=since,
+        until=until,
+        step=step,
+        steps=steps,
+        pools=[PoolHeld(pool=pool, gpus=held[pool.pk]) for pool in pools],
+    )
+
+
+# --- the billing webhook's page: its settings and state, records waiting, latest deliveries
+@dataclass(frozen=True)
+class BillingStatus:
+    webhook: BillingWebhook | None
+    waiting: int  # records the receiver has not accepted yet
+    deliveries: list[BillingDelivery]
+
+
+def billing_status(*, deliveries: int = 20) -> BillingStatus:
+    hook = BillingWebhook.objects.filter(pk=BillingWebhook.SINGLETON).first()
+    cursor = hook.cursor if hook else 0
+    return BillingStatus(
+        webhook=hook,
+        waiting=UsageRecord.objects.filter(id__gt=cursor).count(),
+        deliveries=list(BillingDelivery.objects.order_by("-at", "-id")[:deliveries]),
+    )

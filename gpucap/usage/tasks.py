@@ -7,3 +7,9 @@ from gpucap.usage import services
 def record() -> int:
     """Make the usage records whose periods or intervals have ended (beat, every minute)."""
     return services.usage_record()
+
+
+@shared_task(name="usage.billing_push")
+def billing_push() -> list[str]:
+    """Push the records the receiver has not accepted yet, batch after batch (beat)."""
+    return [result.outcome for result in services.billing_push_backlog()]

@@ -53,7 +53,7 @@ def test_tenant_watches_an_operator_reclaim_count_down(
     mine = tenant_context.new_page()
     mine.set_default_timeout(10_000)
     log_in(mine, member.username)
-    mine.get_by_role("link", name="Notices").click()
+    mine.get_by_role("navigation", name="Main").get_by_role("link", name="Notices").click()
     expect(mine).to_have_url(re.compile(r"/notices/$"))
     expect(mine.locator("#open-notices")).to_contain_text("No open notices")
 
@@ -110,7 +110,7 @@ def test_tenant_watches_an_operator_reclaim_count_down(
     screenshot(mine, "tenant-vm-notice")
 
     # The operator's notices page lists both, with the tenant.
-    page.get_by_role("link", name="Notices").click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Notices").click()
     expect(page.locator("#open-notices tr.notice-row")).to_have_count(2)
     expect(page.locator("#open-notices")).to_contain_text("Acme AI")
     screenshot(page, "operator-notices")

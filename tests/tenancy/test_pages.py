@@ -113,7 +113,7 @@ def test_member_sees_their_tenant_role_and_pools(member, fleet_east):
     assert "Your role:" in page and "Admin" in page
     assert "h100-spot" in page
     assert "l40s-ondemand" not in page  # globex's pool
-    (access,) = response.context["overview"].pools
+    (access,) = response.context["portal"].pools
     assert (access.pool.name, access.usable_gpus) == ("h100-spot", 16)
     assert "<td>H100-SXM5-80GB</td>" in page and "<td>NVSwitch</td>" in page
 
@@ -122,7 +122,7 @@ def test_usable_gpus_leave_out_failed_cards_and_nodes_not_ready(member, fleet_ea
     nodes = fleet_east["nodes"]
     fleet.node_cordon(node=nodes["h100-001"])
     fleet.gpu_set_health(gpu=nodes["h100-002"].gpus.get(index=4), health=Gpu.Health.FAILED)
-    (access,) = logged_in(member).get(tenant_url("acme")).context["overview"].pools
+    (access,) = logged_in(member).get(tenant_url("acme")).context["portal"].pools
     assert access.usable_gpus == 7
 
 
@@ -134,7 +134,7 @@ def test_standalone_pool_shows_the_gpus_it_rents_and_only_those_nodes(member, te
     fleet.pool_set_tenants(pool=fleet_east["pools"]["a100-standalone"], tenants=[tenant])
     response = logged_in(member).get(tenant_url("acme"))
     page = response.content.decode()
-    access = {a.pool.name: a for a in response.context["overview"].pools}["a100-standalone"]
+    access = {a.pool.name: a for a in response.context["portal"].pools}["a100-standalone"]
     assert access.usable_gpus == 8
     row = page[page.index("<strong>a100-standalone</strong>") :]
     row = row[: row.index("</tr>")]
@@ -158,50 +158,15 @@ def test_operator_views_any_tenant_read_only(operator, fleet_east):
     page = response.content.decode()
     assert response.status_code == 200
     assert "<h1>Globex Research</h1>" in page
-    assert "Operator view · read-only" in page
+    assert "Viewing Globex Research as operator (read-only)." in page
+    assert "<form" not in page.replace('<form method="post" action="/logout/">', "")
     assert "l40s-ondemand" in page
     assert "oscar" not in page  # globex has no members in this test
-
-
-def test_admin_sees_every_member_but_a_member_sees_only_themselves(member, tenant):
-    colleague = User.objects.create_user("mike", password=PASSWORD)
-    Membership.objects.create(user=colleague, tenant=tenant, role=Membership.Role.MEMBER)
-
-    admin_view = logged_in(member).get(tenant_url("acme")).context["overview"]
-    assert [m.user.username for m in admin_view.members] == ["mallory", "mike"]
-
-    member_view = logged_in(colleague).get(tenant_url("acme"))
-    assert [m.user.username for m in member_view.context["overview"].members] == ["mike"]
-    assert member_view.context["overview"].member_count == 2
-    assert "Tenant admins see the full member list." in member_view.content.decode()
 
 
 def test_tenant_page_without_pools_says_how_to_get_them(member):
     page = logged_in(member).get(tenant_url("acme")).content.decode()
     assert "No pools yet" in page
-
-
-def test_tenant_page_htmx_request_returns_only_the_pools_fragment(member, fleet_east):
-    response = logged_in(member).get(tenant_url("acme"), headers=HTMX)
-    page = response.content.decode()
-    assert page.lstrip().startswith('<section class="panel" id="tenant-pools">')
-    assert "<html" not in page
-    assert "h100-spot" in page
-
-
-def test_tenant_page_query_count_does_not_grow_with_pools(
-    member, tenant, fleet_east, django_assert_num_queries
-):
-    client = logged_in(member)
-    # session, user, their tenant ids (the operator check needs none: not staff); tenant;
-    # memberships; pools; usable GPUs.
-    with django_assert_num_queries(7):
-        client.get(tenant_url("acme"))
-    for pool in ("h100-inference", "h100-ondemand", "a100-standalone", "l40s-ondemand"):
-        fleet.pool_set_tenants(pool=fleet_east["pools"][pool], tenants=[tenant])
-    with django_assert_num_queries(7):
-        response = client.get(tenant_url("acme"))
-    assert len(response.context["overview"].pools) == 5
 
 
 def test_forbidden_page_links_home(member, fleet_east):
