@@ -65,6 +65,7 @@ bench: install-dev wrk
 	$(PY) bench/arbiter_scale.py
 	$(PY) bench/metadata_load.py
 	$(PY) bench/set_page.py
+	$(PY) bench/usage_export.py
 	$(PY) bench/router_overhead.py
 
 clean:

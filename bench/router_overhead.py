@@ -25,6 +25,7 @@ Goals (issue 7): overhead at p50 < 3 ms, router throughput >= 0.5 x direct.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -66,7 +67,11 @@ ENV = {
     "SIMULATOR_TTFT_MS": "0",
     "SIMULATOR_TOKENS_PER_SECOND": "0",
     "LOG_LEVEL": "WARNING",
+    # As the Procfile deploys it: the workers count requests in prometheus_client's
+    # multiprocess files, and that counting is part of what is measured.
+    "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-router-metrics-"),
 }
+atexit.register(shutil.rmtree, ENV["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
 def main() -> int:
