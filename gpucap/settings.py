@@ -148,6 +148,12 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "gpucap.api.AutoSchema",
     "EXCEPTION_HANDLER": "gpucap.api.exception_handler",
+    # POST /api/token/ takes a password: this many attempts per client address, to slow a
+    # guessing attack (throttle counts live in the cache, shared by every web process).
+    "DEFAULT_THROTTLE_RATES": {"token": env_str("API_TOKEN_RATE", "20/minute")},
+    # The client address is the peer's (uvicorn runs with --no-proxy-headers), never a
+    # client-sent X-Forwarded-For, which would let a guesser pick a fresh address each time.
+    "NUM_PROXIES": 0,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpucap API",

@@ -5,11 +5,15 @@
 - ``other_member``: a member of tenant ``globex``, who must never see acme's things.
 """
 
+import asyncio
 import contextlib
 import os
+import threading
+from collections.abc import Callable, Coroutine
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.test import Client
 from rest_framework.test import APIClient
 
 from gpucap.fleet import services as fleet
@@ -57,6 +61,48 @@ def _api_client(user: User | None) -> APIClient:
     if user is not None:
         client.force_authenticate(user)
     return client
+
+
+def run_in_new_loop(main: Callable[[], Coroutine]) -> object:
+    """``asyncio.run(main())`` in a thread of its own. A browser test's Playwright (sync API)
+    leaves its event loop marked as running in the main thread, and asyncio.run refuses to
+    start under a running loop."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = asyncio.run(main())
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _logged_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def operator_client(operator) -> Client:
+    """A browser session of the operator (pages)."""
+    return _logged_in(operator)
+
+
+@pytest.fixture
+def member_client(member) -> Client:
+    return _logged_in(member)
+
+
+@pytest.fixture
+def other_member_client(other_member) -> Client:
+    return _logged_in(other_member)
 
 
 @pytest.fixture
@@ -175,6 +221,24 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
 
     test = settings.DATABASES["default"].setdefault("TEST", {})
     test["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_password_hashing():
+    """Passwords hashed with one MD5 round instead of PBKDF2's million: every test makes users
+    and logs them in, and half a second a hash would double the suite's time. What hashing is
+    used is Django's business; the tests check who may log in and what they see."""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    previous = settings.PASSWORD_HASHERS
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+    yield
+    settings.PASSWORD_HASHERS = previous
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
 
 
 TEST_BROKER_URL = "redis://127.0.0.1:6379/15"

@@ -13,6 +13,7 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 
 from gpucap.api import AutoSchema
 from gpucap.fleet.models import Pool
@@ -161,6 +162,8 @@ class ObtainTokenView(ObtainAuthToken):
 
     # A login form needs no prior authentication, and no CSRF token from a session.
     authentication_classes = ()
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "token"
     schema = AutoSchema()
 
     @extend_schema(

@@ -3,11 +3,12 @@ them."""
 
 from django.contrib import admin
 
+from gpucap.audit.admin import ReadOnlyAdmin
 from gpucap.usage.models import BillingDelivery, UsageInterval
 
 
 @admin.register(UsageInterval)
-class UsageIntervalAdmin(admin.ModelAdmin):
+class UsageIntervalAdmin(ReadOnlyAdmin):
     list_display = [
         "vm",
         "tenant",
@@ -22,18 +23,9 @@ class UsageIntervalAdmin(admin.ModelAdmin):
     list_select_related = ["vm", "tenant"]
     date_hierarchy = "started_at"
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(BillingDelivery)
-class BillingDeliveryAdmin(admin.ModelAdmin):
+class BillingDeliveryAdmin(ReadOnlyAdmin):
     """Deliveries to the billing webhook, read-only; its settings are on /usage/billing/, where
     changes are validated and audited."""
 
@@ -41,12 +33,3 @@ class BillingDeliveryAdmin(admin.ModelAdmin):
     list_filter = ["accepted", "status_code"]
     search_fields = ["batch_id", "error"]
     date_hierarchy = "at"
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

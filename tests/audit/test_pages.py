@@ -1,7 +1,5 @@
 """The operator's audit log page."""
 
-import pytest
-from django.test import Client
 from django.urls import reverse
 
 from gpucap.audit.models import AuditEvent
@@ -9,12 +7,6 @@ from gpucap.fleet import services as fleet
 
 HTMX = {"HX-Request": "true"}
 ROW = '<td class="nowrap"'  # one per event row
-
-
-@pytest.fixture
-def operator_client(client, operator) -> Client:
-    client.force_login(operator)
-    return client
 
 
 def add_events(count: int, *, verb: str = "node.update", object_type: str = "node") -> None:

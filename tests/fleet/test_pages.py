@@ -12,18 +12,6 @@ HTMX = {"HX-Request": "true"}
 GRID_SQUARE = 'class="gpu gpu-{}" title='  # a square in a tile (legend squares have no title)
 
 
-@pytest.fixture
-def operator_client(client, operator) -> Client:
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
-def member_client(client, member) -> Client:
-    client.force_login(member)
-    return client
-
-
 def node_url(name: str, hostname: str, cluster: str = "east") -> str:
     return reverse(name, kwargs={"cluster": cluster, "hostname": hostname})
 

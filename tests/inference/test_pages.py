@@ -9,7 +9,6 @@ import time
 
 import pytest
 import redis
-from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -23,26 +22,6 @@ from gpucap.tenancy.models import Membership
 
 HTMX = {"HX-Request": "true"}
 SECRET = re.compile(r"gpk_[A-Za-z0-9]{10}_[A-Za-z0-9]{40}")
-
-
-@pytest.fixture
-def member_client(client, member) -> Client:
-    client.force_login(member)
-    return client
-
-
-@pytest.fixture
-def other_member_client(other_member) -> Client:
-    client = Client()
-    client.force_login(other_member)
-    return client
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
 
 
 def tenant_url(slug: str = "acme") -> str:

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from gpucap.inference.redis_batch import RedisBatch, RedisReplyError, RedisUnavailable
+from tests.conftest import run_in_new_loop
 
 URL = "redis://127.0.0.1:6379/11"  # the router tests' database, under a prefix of this process
 PREFIX = f"gpucap:test{os.getpid()}:batch:"
@@ -37,7 +38,7 @@ def run(scenario):
         finally:
             await asyncio.wait(client.close(), timeout=5)
 
-    return asyncio.run(main())
+    return run_in_new_loop(main)
 
 
 async def until(condition, what: str) -> None:
@@ -132,4 +133,4 @@ def test_an_unreachable_redis_fails_each_command_with_redis_unavailable():
         client = RedisBatch("redis://127.0.0.1:1/0", tracked_prefixes=(f"{PREFIX}doc:",))
         await scenario(client)
 
-    asyncio.run(main())
+    run_in_new_loop(main)

@@ -2,7 +2,6 @@
 fleet's gauges match the database, counters count plans, Celery failures and metadata requests,
 only operators and the bearer token get in, and a scrape costs the same queries at any size."""
 
-import asyncio
 from datetime import timedelta
 
 import pytest
@@ -21,6 +20,7 @@ from gpucap.plans.models import Plan
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from gpucap.usage import services as usage
+from tests.conftest import run_in_new_loop
 from tests.metrics.conftest import Scrape
 from tests.rentals.vm_helpers import request_vm, running_vm
 
@@ -302,7 +302,7 @@ def guest_request(method: str, path: str, headers: dict | None = None, query: by
     async def send(message):
         sent.append(message)
 
-    asyncio.run(metadata_app(scope, receive, send))
+    run_in_new_loop(lambda: metadata_app(scope, receive, send))
     return sent[0]["status"]
 
 

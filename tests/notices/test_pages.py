@@ -26,27 +26,6 @@ def pools(fleet_east, tenant, other_tenant) -> dict:
     return grant_pools(fleet_east, tenant, other_tenant)
 
 
-@pytest.fixture
-def member_client(member) -> Client:
-    client = Client()
-    client.force_login(member)
-    return client
-
-
-@pytest.fixture
-def other_member_client(other_member) -> Client:
-    client = Client()
-    client.force_login(other_member)
-    return client
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
 def notified(tenant, pool, node, gpu: int, *, name: str, reason: str = "reclaim", actor=None):
     vm = running_vm(tenant, pool, node, [gpu], name=name, ip=f"10.7.0.{gpu + 1}")
     return notice_issue(vm=vm, reason=reason, actor=actor, message=f"{reason} of {name}")

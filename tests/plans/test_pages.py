@@ -28,11 +28,6 @@ def client_for(user) -> Client:
     return client
 
 
-@pytest.fixture
-def operator_client(operator) -> Client:
-    return client_for(operator)
-
-
 def tick(capacity_set) -> Plan:
     return services.capacity_set_tick(capacity_set_id=capacity_set.pk).plan
 

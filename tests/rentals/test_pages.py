@@ -6,7 +6,6 @@ import re
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 from django.urls import reverse
 
 from gpucap.audit.models import AuditEvent
@@ -26,26 +25,6 @@ from tests.rentals.vm_helpers import (
 HTMX = {"HX-Request": "true"}
 TIMES = "\N{MULTIPLICATION SIGN}"
 State = VirtualMachine.State
-
-
-@pytest.fixture
-def member_client(client, member) -> Client:
-    client.force_login(member)
-    return client
-
-
-@pytest.fixture
-def other_member_client(other_member) -> Client:
-    client = Client()
-    client.force_login(other_member)
-    return client
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
 
 
 @pytest.fixture

@@ -163,3 +163,34 @@ def test_a_browser_session_reads_the_api_but_must_send_a_csrf_token_to_write(ope
     assert "CSRF" in response.data["error"]["message"]
     node.refresh_from_db()
     assert node.state == "ready"
+
+
+def test_token_guesses_from_one_address_are_throttled_with_retry_after(member, monkeypatch):
+    from django.core.cache import cache
+    from rest_framework.throttling import ScopedRateThrottle
+
+    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"token": "3/minute"})
+    key = "throttle_token_127.0.0.1"
+    cache.delete(key)
+    client = APIClient()
+    guesses = [
+        client.post(
+            "/api/token/",
+            {"username": "mallory", "password": f"guess-{n}"},
+            format="json",
+            headers={"X-Forwarded-For": f"198.51.100.{n}"},  # a fresh address each time
+        )
+        for n in range(4)
+    ]
+    try:
+        right = client.post(
+            "/api/token/", {"username": "mallory", "password": PASSWORD}, format="json"
+        )
+    finally:
+        cache.delete(key)
+
+    assert [g.status_code for g in guesses] == [400, 400, 400, 429]
+    assert guesses[3].data["error"]["code"] == "throttled"
+    assert 0 < int(guesses[3]["Retry-After"]) <= 60
+    assert right.status_code == 429, "the right password waits too: no oracle while throttled"
+    assert not Token.objects.exists()

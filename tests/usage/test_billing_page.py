@@ -3,7 +3,6 @@ and the latest deliveries with their errors, and send a batch now. Bad settings 
 to the field and change nothing; everyone else gets 403."""
 
 import pytest
-from django.test import Client
 from django.urls import reverse
 
 from gpucap.audit.models import AuditEvent
@@ -18,13 +17,6 @@ SEND = "/usage/billing/send/"
 
 records = webhook_tests.records
 receiver = webhook_tests.receiver
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
 
 
 def configure(url: str, *, enabled: bool = True, batch_size: int = 100) -> BillingWebhook:

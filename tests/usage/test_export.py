@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import pytest
 from django.http import StreamingHttpResponse
-from django.test import Client
 from django.urls import reverse
 
 from gpucap.rentals import services as rentals
@@ -45,27 +44,6 @@ def csv_rows(response) -> list[dict]:
 
 def json_rows(response) -> list[dict]:
     return json.loads(body(response))["records"]
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
-def member_client(member) -> Client:
-    client = Client()
-    client.force_login(member)
-    return client
-
-
-@pytest.fixture
-def other_member_client(other_member) -> Client:
-    client = Client()
-    client.force_login(other_member)
-    return client
 
 
 @pytest.fixture

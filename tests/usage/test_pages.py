@@ -6,7 +6,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 from django.urls import reverse
 
 from gpucap.rentals import services as rentals
@@ -27,27 +26,6 @@ def stop(vm):
 
 def tenant_usage_url(slug: str = "acme") -> str:
     return reverse("usage:tenant-usage", kwargs={"slug": slug})
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
-def member_client(member) -> Client:
-    client = Client()
-    client.force_login(member)
-    return client
-
-
-@pytest.fixture
-def other_member_client(other_member) -> Client:
-    client = Client()
-    client.force_login(other_member)
-    return client
 
 
 @pytest.fixture
