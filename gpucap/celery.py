@@ -22,8 +22,11 @@ def _count_task_failure(sender=None, **_) -> None:
 
 
 @signals.task_retry.connect
-def _count_task_retry(sender=None, **_) -> None:
-    metrics.shared_count(metrics.CELERY_TASK_RETRIES, task=_task_name(sender))
+def _count_task_retry(sender=None, reason=None, **_) -> None:
+    # A retry for an error, not a task looking again later (a driver task polling a booting
+    # VM retries with a countdown and no error): those are its work, not trouble.
+    if getattr(reason, "exc", reason) is not None:
+        metrics.shared_count(metrics.CELERY_TASK_RETRIES, task=_task_name(sender))
 
 
 def _task_name(task) -> str:

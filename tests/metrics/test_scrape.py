@@ -258,6 +258,21 @@ def retries_once(self) -> None:
     raise self.retry(exc=RuntimeError("try again"))
 
 
+@app.task(name="tests.metrics.polls_once", bind=True, max_retries=1, default_retry_delay=0)
+def polls_once(self, polls: int = 0) -> None:
+    if polls == 0:
+        raise self.retry(kwargs={"polls": 1})  # look again later, as the driver tasks do
+
+
+def test_a_task_polling_again_is_not_counted_as_a_retry(scrape):
+    before = scrape().value("gpucap_celery_task_retries_total", task="tests.metrics.polls_once")
+
+    assert polls_once.apply().successful()
+
+    after = scrape().value("gpucap_celery_task_retries_total", task="tests.metrics.polls_once")
+    assert (after or 0) == (before or 0)
+
+
 def test_celery_task_failures_and_retries_are_counted_by_task(scrape):
     for _ in range(2):
         assert always_fails.apply().failed()
