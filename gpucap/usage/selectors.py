@@ -45,12 +45,7 @@ def usage_rows(
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
     sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=where))
     params = pieces.params(now=now, since=since, until=until, tenant_id=tenant_id)
-    with connection.chunked_cursor() as cursor:
-        cursor.execute(sql, params)
-        columns = [column.name for column in cursor.description]
-        while chunk := cursor.fetchmany(2000):
-            for values in chunk:
-                yield dict(zip(columns, values, strict=True))
+    yield from _stream(sql, params)
 
 
 # Totals need no cut at period boundaries: each interval counts its part of [since, until).
@@ -98,6 +93,11 @@ def usage_rows_of_tenants(
     now = now or timezone.now()
     sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where="i.tenant_id = ANY(%(tenant_ids)s)"))
     params = pieces.params(now=now, since=since, until=until, tenant_ids=list(tenant_ids))
+    yield from _stream(sql, params)
+
+
+def _stream(sql: str, params: dict) -> Iterator[dict]:
+    """The rows of ``sql`` as dicts, read in chunks from a server-side cursor."""
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, params)
         columns = [column.name for column in cursor.description]
