@@ -109,7 +109,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
-# Mail: invitations carry a set-password link. Development prints mail to the console.
+# Tenant invitations: the mailed link works once, for this long (7 days by default).
+INVITATION_TTL_SECONDS = env_int("INVITATION_TTL_SECONDS", 7 * 86400, minimum=60)
+# Password reset links work for this long (Django's setting; 3 days by default).
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT", 3 * 86400, minimum=60)
+
+# Mail: invitations and password resets carry links. Development prints mail to the console.
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "") or (
     "django.core.mail.backends.console.EmailBackend"
     if DEBUG

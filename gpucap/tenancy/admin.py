@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from gpucap.tenancy.models import Membership, Tenant
+from gpucap.tenancy.models import Invitation, Membership, Tenant
 
 
 class MembershipInline(admin.TabularInline):
@@ -24,3 +24,20 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "user__email", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Read-only: invitations are sent, accepted and withdrawn on the members page."""
+
+    list_display = ["email", "tenant", "role", "invited_by", "created_at", "expires_at"]
+    list_filter = ["tenant"]
+    search_fields = ["email", "tenant__name"]
+    list_select_related = ["tenant", "invited_by"]
+    exclude = ["token_hash"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -18,7 +18,7 @@ from rest_framework.throttling import ScopedRateThrottle
 from gpucap.api import AutoSchema
 from gpucap.fleet.models import Pool
 from gpucap.tenancy import selectors, services
-from gpucap.tenancy.models import Membership, Tenant
+from gpucap.tenancy.models import Invitation, Membership, Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 
@@ -66,13 +66,16 @@ class MemberRoleSerializer(serializers.Serializer):
     role = RoleField()
 
 
-class InvitationSerializer(serializers.Serializer):
-    member = MemberSerializer(source="membership")
-    created_user = serializers.BooleanField(help_text="A new account was made for the address.")
-    set_password_url = serializers.CharField(
-        help_text="Where the invited person chooses a password (mailed to them too); empty "
-        "when they have one already. Shown once."
+class InvitationSerializer(serializers.ModelSerializer):
+    role = RoleField(read_only=True)
+    invited_by = serializers.CharField(
+        source="invited_by.username", read_only=True, allow_null=True, default=None
     )
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "invited_by", "created_at", "expires_at"]
+        read_only_fields = fields
 
 
 class TenantViewSet(viewsets.ReadOnlyModelViewSet):
@@ -90,36 +93,55 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
             return tenants
         return tenants.filter(pk__in=tenant_ids_for(self.request.user))
 
+    @extend_schema(responses=MemberSerializer(many=True), description="The tenant's members.")
+    @action(detail=True, methods=["get"], url_path="members")
+    def members(self, request, pk=None):
+        tenant = self.get_object()
+        members = selectors.tenant_members(tenant=tenant)
+        return Response(MemberSerializer(members, many=True).data)
+
     @extend_schema(
         methods=["GET"],
-        responses=MemberSerializer(many=True),
-        description="The tenant's members, by username.",
+        responses=InvitationSerializer(many=True),
+        description="Invitations waiting for an answer, expired ones included (tenant admins).",
     )
     @extend_schema(
         methods=["POST"],
         request=MemberInviteSerializer,
         responses={201: InvitationSerializer},
-        description="Invite by email address (tenant admins): someone without an account gets "
-        "one with a set-password link; an existing user is just added.",
+        description="Invite an email address (tenant admins). The link is mailed to the address "
+        "and never answered here; nobody joins until the owner of the address accepts. The "
+        "answer is the same whether the address has an account or not. Inviting an address "
+        "again replaces its open invitation.",
     )
-    @action(detail=True, methods=["get", "post"], url_path="members")
-    def members(self, request, pk=None):
+    @action(detail=True, methods=["get", "post"], url_path="invitations")
+    def invitations(self, request, pk=None):
         tenant = self.get_object()
-        if request.method == "GET":
-            members = selectors.tenant_members(tenant=tenant)
-            return Response(MemberSerializer(members, many=True).data)
         self._require_admin(tenant)
+        if request.method == "GET":
+            invitations = selectors.tenant_invitations(tenant=tenant)
+            return Response(InvitationSerializer(invitations, many=True).data)
         data = MemberInviteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        invitation = services.member_invite(
+        invitation = services.invitation_send(
             tenant=tenant,
             site_url=request.build_absolute_uri("/"),
             actor=request.user,
             **data.validated_data,
         )
-        response = Response(InvitationSerializer(invitation).data, status.HTTP_201_CREATED)
-        response["Cache-Control"] = "no-store, private"
-        return response
+        return Response(InvitationSerializer(invitation).data, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        responses={204: OpenApiResponse(description="Withdrawn: its link no longer works.")},
+        description="Withdraw an invitation (tenant admins). Withdrawing twice is harmless.",
+    )
+    @action(detail=True, methods=["delete"], url_path=r"invitations/(?P<invitation_id>\d+)")
+    def invitation(self, request, pk=None, invitation_id=None):
+        tenant = self.get_object()
+        self._require_admin(tenant)
+        invitation = selectors.tenant_invitation(tenant=tenant, pk=int(invitation_id))
+        services.invitation_revoke(invitation=invitation, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
         methods=["PATCH"],

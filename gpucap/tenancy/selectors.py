@@ -16,7 +16,7 @@ from gpucap.inference.selectors import DeploymentList, tenant_deployments
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
-from gpucap.tenancy.models import Membership, Tenant
+from gpucap.tenancy.models import Invitation, Membership, Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
 
@@ -169,6 +169,22 @@ def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
 def tenant_members(*, tenant: Tenant) -> list[Membership]:
     """A tenant's members with their accounts, by username. One query."""
     return list(tenant.memberships.select_related("user").order_by("user__username"))
+
+
+def tenant_invitations(*, tenant: Tenant) -> list[Invitation]:
+    """A tenant's invitations waiting for an answer (expired ones too, so an admin sees why
+    someone never joined), newest first. One query."""
+    return list(
+        tenant.invitations.filter(accepted_at=None, revoked_at=None).select_related("invited_by")
+    )
+
+
+def tenant_invitation(*, tenant: Tenant, pk: int) -> Invitation:
+    """One invitation of the tenant, or 404 (another tenant's invitation id included)."""
+    invitation = tenant.invitations.select_related("tenant").filter(pk=pk).first()
+    if invitation is None:
+        raise Http404("No such invitation.")
+    return invitation
 
 
 def tenant_member(*, tenant: Tenant, pk: int) -> Membership:

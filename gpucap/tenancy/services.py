@@ -1,23 +1,23 @@
 """Changes to tenants, users, memberships and operators: validated, atomic, audited."""
 
+import hashlib
 import logging
-import re
-from dataclasses import dataclass
+import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group
-from django.contrib.auth.tokens import default_token_generator
+from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import transaction
 from django.urls import reverse
-from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_encode
+from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
-from gpucap.tenancy.models import Membership, Tenant
+from gpucap.tenancy.models import Invitation, Membership, Tenant
 from gpucap.tenancy.roles import OPERATORS_GROUP
 
 logger = logging.getLogger(__name__)
@@ -137,22 +137,16 @@ def operator_grant(*, user: AbstractBaseUser, actor: Actor = None) -> AbstractBa
 # --- members of a tenant, managed by its admins ---------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Invitation:
-    membership: Membership
-    created_user: bool  # a new account was made for the address
-    # Where the invited person chooses a password; empty for someone who has one already.
-    set_password_url: str
-
-
 @transaction.atomic
-def member_invite(
+def invitation_send(
     *, tenant: Tenant, email: str, role: str, site_url: str, actor: Actor = None
 ) -> Invitation:
-    """Make the owner of ``email`` a member of ``tenant`` with ``role``. Someone without an
-    account gets one (username from the address, no usable password) and, like anyone who has
-    never set a password, a set-password link: mailed to them once the change commits, and
-    logged. The link is returned (for the admin to pass on) only when the account is new.
+    """Invite the owner of ``email`` to ``tenant`` with ``role``: an invitation with a secret
+    link, mailed to the address once the change commits. Nobody becomes a member until the
+    owner of the mailbox follows the link and accepts (``invitation_accept``), so an admin can
+    neither add an existing account of someone else's nor choose the password of a new one.
+    The answer is the same whether an account with the address exists or not. Inviting an
+    address again replaces its open invitation (the old link stops working).
     ``site_url`` is the absolute origin the link starts with."""
     email = email.strip()
     _validate_role(role)
@@ -161,31 +155,127 @@ def member_invite(
     except ValidationError:
         raise ValidationError({"email": f"{email!r} is not an email address"}) from None
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    users = get_user_model().objects
-    user = users.filter(email__iexact=email).order_by("pk").first()
-    if user is not None and Membership.objects.filter(user=user, tenant=tenant).exists():
-        raise ValidationError(
-            {"email": f"{email} is already a member of {tenant.name} (as {user.get_username()})"}
-        )
-    created_user = user is None
-    if created_user:
-        user = users.create_user(username=_free_username(email), email=email, password=None)
-        audit_record(actor=actor, verb="user.create", target=user, after={"email": email})
-    membership = Membership.objects.create(user=user, tenant=tenant, role=role)
-    audit_record(
-        actor=actor,
-        verb="membership.invite",
-        target=membership,
-        after={"role": role, "email": email, "new_account": created_user},
+    # The admin sees the tenant's members and their addresses already: this tells nothing new.
+    if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
+        raise ValidationError({"email": f"{email} is already a member of {tenant.name}"})
+    now = timezone.now()
+    for stale in Invitation.objects.filter(
+        tenant=tenant, email__iexact=email, accepted_at=None, revoked_at=None
+    ):
+        stale.revoked_at = now
+        stale.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, verb="invitation.replace", target=stale)
+    token = secrets.token_urlsafe(32)
+    invitation = Invitation.objects.create(
+        tenant=tenant,
+        email=email,
+        role=role,
+        token_hash=invitation_token_hash(token),
+        invited_by=actor if actor is not None and actor.is_authenticated else None,
+        expires_at=now + timedelta(seconds=settings.INVITATION_TTL_SECONDS),
     )
-    link = ""
-    if not user.has_usable_password():
-        link = site_url.rstrip("/") + set_password_path(user)
-        transaction.on_commit(lambda: _send_invitation(membership, link, actor))
-    # The inviting admin sees the link only for the account this invitation made: an existing
-    # account may belong to other tenants too, and its link would let this admin take it over.
-    shown = link if created_user else ""
-    return Invitation(membership=membership, created_user=created_user, set_password_url=shown)
+    audit_record(
+        actor=actor, verb="invitation.send", target=invitation, after={"role": role, "email": email}
+    )
+    link = site_url.rstrip("/") + reverse("invitation-accept", kwargs={"token": token})
+    transaction.on_commit(lambda: _mail_invitation(invitation, link))
+    return invitation
+
+
+@transaction.atomic
+def invitation_revoke(*, invitation: Invitation, actor: Actor = None) -> Invitation:
+    """Withdraw an open invitation: its link stops working. Revoking twice is harmless; an
+    accepted invitation is refused (remove the member instead)."""
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    if invitation.accepted_at is not None:
+        raise ValidationError(
+            f"the invitation of {invitation.email} was accepted already; remove the member instead"
+        )
+    if invitation.revoked_at is None:
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, verb="invitation.revoke", target=invitation)
+    return invitation
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, user: AbstractBaseUser) -> Membership:
+    """``user`` accepts the invitation whose link carries ``token``: they become a member with
+    its role. The link works once; someone who is a member already keeps their role."""
+    invitation = _open_invitation(token)
+    membership = Membership.objects.filter(user=user, tenant=invitation.tenant).first()
+    if membership is None:
+        membership = Membership.objects.create(
+            user=user, tenant=invitation.tenant, role=invitation.role
+        )
+        audit_record(
+            actor=user,
+            verb="membership.create",
+            target=membership,
+            after={"role": invitation.role, "invitation": invitation.pk},
+        )
+    invitation.accepted_at = timezone.now()
+    invitation.accepted_by = user
+    invitation.save(update_fields=["accepted_at", "accepted_by"])
+    audit_record(actor=user, verb="invitation.accept", target=invitation)
+    transaction.on_commit(lambda: _mail_accepted(invitation, user))
+    return membership
+
+
+@transaction.atomic
+def invitation_accept_new_account(*, token: str, username: str, password: str) -> Membership:
+    """Accept with an account made now, for the invited address, with the username and the
+    password its owner chose."""
+    invitation = _open_invitation(token)  # refused before anything is made
+    users = get_user_model().objects
+    errors = {}
+    username = username.strip()
+    if not username:
+        errors["username"] = "choose a username"
+    elif users.filter(username__iexact=username).exists():
+        errors["username"] = f"the username {username!r} is taken; choose another"
+    candidate = get_user_model()(username=username, email=invitation.email)
+    try:
+        validate_password(password, user=candidate)
+    except ValidationError as exc:
+        errors["password"] = exc.messages
+    if errors:
+        raise ValidationError(errors)
+    user = users.create_user(username=username, email=invitation.email, password=password)
+    audit_record(actor=user, verb="user.create", target=user, after={"email": invitation.email})
+    return invitation_accept(token=token, user=user)
+
+
+def invitation_token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def invitation_for_token(token: str) -> Invitation | None:
+    """The invitation a link carries, open or not; None for a token nobody issued."""
+    return (
+        Invitation.objects.select_related("tenant", "invited_by")
+        .filter(token_hash=invitation_token_hash(token))
+        .first()
+    )
+
+
+def _open_invitation(token: str) -> Invitation:
+    """The invitation, locked, if its link still works."""
+    invitation = (
+        Invitation.objects.select_for_update(of=("self",))
+        .select_related("tenant", "invited_by")
+        .filter(token_hash=invitation_token_hash(token))
+        .first()
+    )
+    if invitation is None or not invitation.is_open(timezone.now()):
+        raise ValidationError(INVITATION_GONE)
+    return invitation
+
+
+INVITATION_GONE = (
+    "this invitation no longer works: it was used, withdrawn or has expired. Ask the tenant's "
+    "admin to invite you again."
+)
 
 
 @transaction.atomic
@@ -203,7 +293,18 @@ def member_set_role(*, membership: Membership, role: str, actor: Actor = None) -
                 f"{membership.tenant.name}; make someone else admin first"
             }
         )
-    return membership_set(user=membership.user, tenant=membership.tenant, role=role, actor=actor)
+    membership = membership_set(
+        user=membership.user, tenant=membership.tenant, role=role, actor=actor
+    )
+    transaction.on_commit(
+        lambda: _mail_member(
+            membership,
+            subject=f"Your role in {membership.tenant.name} is now {membership.get_role_display()}",
+            body=f"{_who(actor)} made you {membership.get_role_display()} of "
+            f"{membership.tenant.name} on gpucap.",
+        )
+    )
+    return membership
 
 
 @transaction.atomic
@@ -228,18 +329,13 @@ def member_remove(*, membership: Membership, actor: Actor = None) -> None:
         before={"role": membership.role, "user": membership.user.get_username()},
     )
     membership.delete()
-
-
-def set_password_path(user: AbstractBaseUser) -> str:
-    """The path of the page where ``user`` chooses a password. The token is Django's password
-    reset token: it works once (it hashes the password, which using it changes) and expires
-    after ``PASSWORD_RESET_TIMEOUT``."""
-    return reverse(
-        "set-password",
-        kwargs={
-            "uidb64": urlsafe_base64_encode(force_bytes(user.pk)),
-            "token": default_token_generator.make_token(user),
-        },
+    transaction.on_commit(
+        lambda: _mail_member(
+            membership,
+            subject=f"You were removed from {membership.tenant.name}",
+            body=f"{_who(actor)} removed you from {membership.tenant.name} on gpucap. You no "
+            "longer see its VMs, deployments and usage; your account stays.",
+        )
     )
 
 
@@ -252,33 +348,51 @@ def _admin_count(tenant_id: int) -> int:
     return Membership.objects.filter(tenant_id=tenant_id, role=Membership.Role.ADMIN).count()
 
 
-def _free_username(email: str) -> str:
-    """A username from the address's local part (``nina.k@acme.example`` -> ``nina.k``), with a
-    number added when it is taken."""
-    base = re.sub(r"[^\w.@+-]", "", email.split("@", 1)[0])[:140] or "user"
-    users = get_user_model().objects
-    taken = set(users.filter(username__istartswith=base).values_list("username", flat=True))
-    taken = {name.lower() for name in taken}
-    candidate, n = base, 1
-    while candidate.lower() in taken:
-        n += 1
-        candidate = f"{base}{n}"
-    return candidate
+def _who(actor: Actor) -> str:
+    return actor.get_username() if actor is not None and actor.is_authenticated else "An admin"
 
 
-def _send_invitation(membership: Membership, link: str, actor: Actor) -> None:
-    """Mail the set-password link (in development the console backend prints it) and log it."""
-    tenant, user = membership.tenant, membership.user
-    who = actor.get_username() if actor is not None and actor.is_authenticated else "An admin"
-    logger.info("invitation for %s to %s: set a password at %s", user.email, tenant.slug, link)
+def _mail(*, to: str, subject: str, body: str) -> None:
+    """Mail after the change committed (in development the console backend prints it). A mail
+    server that is down loses the mail, never the change."""
     send_mail(
-        subject=f"You are invited to {tenant.name} on gpucap",
-        message=(
-            f"{who} added you to {tenant.name} on gpucap as {membership.get_role_display()}.\n\n"
-            f"Your username is {user.get_username()}. Choose a password here (the link works "
-            f"once):\n\n{link}\n"
-        ),
+        subject=subject,
+        message=body,
         from_email=settings.DEFAULT_FROM_EMAIL,
-        recipient_list=[user.email],
+        recipient_list=[to],
         fail_silently=True,
     )
+
+
+def _mail_invitation(invitation: Invitation, link: str) -> None:
+    tenant = invitation.tenant
+    logger.info("invitation %s to %s sent to %s", invitation.pk, tenant.slug, invitation.email)
+    _mail(
+        to=invitation.email,
+        subject=f"You are invited to {tenant.name} on gpucap",
+        body=(
+            f"{_who(invitation.invited_by)} invited {invitation.email} to join {tenant.name} on "
+            f"gpucap as {invitation.get_role_display()}.\n\n"
+            f"To accept, open this link (it works once, until "
+            f"{invitation.expires_at:%Y-%m-%d %H:%M} UTC):\n\n{link}\n\n"
+            "If you did not expect this, ignore this mail: nothing happens until you accept."
+        ),
+    )
+
+
+def _mail_accepted(invitation: Invitation, user: AbstractBaseUser) -> None:
+    if invitation.invited_by is None or not invitation.invited_by.email:
+        return
+    _mail(
+        to=invitation.invited_by.email,
+        subject=f"{user.get_username()} joined {invitation.tenant.name}",
+        body=(
+            f"{invitation.email} accepted your invitation and joined {invitation.tenant.name} "
+            f"as {user.get_username()} ({invitation.get_role_display()})."
+        ),
+    )
+
+
+def _mail_member(membership: Membership, *, subject: str, body: str) -> None:
+    if membership.user.email:
+        _mail(to=membership.user.email, subject=subject, body=body)

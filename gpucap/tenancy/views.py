@@ -5,6 +5,8 @@ tenant's pages read-only: the pages render without their forms, and what a form 
 refused with 403. A tenant that is not yours is a 404, as if it did not exist.
 """
 
+from django.contrib.auth import forms as auth_forms
+from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -13,11 +15,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.decorators import operator_required, render_page, wants_fragment
-from gpucap.tenancy.forms import MemberInviteForm, MemberRoleForm
+from gpucap.tenancy.forms import InvitationAccountForm, MemberInviteForm, MemberRoleForm
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.roles import is_operator
 
@@ -79,21 +81,20 @@ def members(request: HttpRequest, slug: str) -> HttpResponse:
 @require_POST
 @login_required
 def member_invite(request: HttpRequest, slug: str) -> HttpResponse:
-    """Invite by email address. The answer shows the set-password link once (it is mailed
-    too), so it is marked not to be cached."""
+    """Invite by email address: the link goes to the address only, never to this page."""
     tenant = _admin_tenant(request, slug)
     form = MemberInviteForm(request.POST)
     invitation = None
     if form.is_valid():
         try:
-            invitation = services.member_invite(
+            invitation = services.invitation_send(
                 tenant=tenant, site_url=_site(request), actor=request.user, **form.cleaned_data
             )
         except ValidationError as exc:
             form.add_service_errors(exc)
         else:
             form = MemberInviteForm()
-    response = _members_page(
+    return _members_page(
         request,
         tenant,
         Membership.Role.ADMIN,
@@ -101,8 +102,29 @@ def member_invite(request: HttpRequest, slug: str) -> HttpResponse:
         invitation=invitation,
         status=200 if invitation else 400,
     )
-    patch_cache_control(response, no_store=True, private=True)
-    return response
+
+
+@require_POST
+@login_required
+def invitation_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    tenant = _admin_tenant(request, slug)
+    invitation = selectors.tenant_invitation(tenant=tenant, pk=pk)
+    error = ""
+    try:
+        services.invitation_revoke(invitation=invitation, actor=request.user)
+    except ValidationError as exc:
+        error = "; ".join(exc.messages)
+    if not error and not request.htmx:
+        return redirect("tenant-members", slug=tenant.slug)
+    done = "" if error else f"Withdrew the invitation of {invitation.email}."
+    return _members_page(
+        request,
+        tenant,
+        Membership.Role.ADMIN,
+        error=error,
+        done=done,
+        status=400 if error else 200,
+    )
 
 
 @require_POST
@@ -187,6 +209,8 @@ def _members_page(
         "read_only": role == "operator",
         "is_admin": is_admin,
         "members": selectors.tenant_members(tenant=tenant),
+        "invitations": selectors.tenant_invitations(tenant=tenant) if is_admin else [],
+        "now": timezone.now(),
         "roles": Membership.Role.choices,
         **extra,
     }
@@ -195,13 +219,77 @@ def _members_page(
     )
 
 
-# --- choosing a password from an invitation ---------------------------------------------------
+# --- accepting an invitation ----------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
+    """The link an invitation mail carries. Signed in, its owner accepts as that account;
+    otherwise they sign in first (and come back here) or make an account, choosing its
+    username and password. A used, withdrawn or expired link says so and offers nothing."""
+    invitation = services.invitation_for_token(token)
+    if invitation is None or not invitation.is_open(timezone.now()):
+        response = render(request, "tenancy/invitation.html", {"gone": True}, status=410)
+        patch_cache_control(response, no_store=True, private=True)
+        return response
+    form = InvitationAccountForm()
+    error = ""
+    if request.method == "POST":
+        try:
+            if request.user.is_authenticated:
+                services.invitation_accept(token=token, user=request.user)
+                return redirect("tenant-detail", slug=invitation.tenant.slug)
+            form = InvitationAccountForm(request.POST)
+            if form.is_valid():
+                membership = services.invitation_accept_new_account(
+                    token=token,
+                    username=form.cleaned_data["username"],
+                    password=form.cleaned_data["password1"],
+                )
+                login(request, membership.user)
+                return redirect("tenant-detail", slug=invitation.tenant.slug)
+        except ValidationError as exc:
+            if getattr(exc, "error_dict", None):
+                form.add_service_errors(exc)
+            else:
+                error = "; ".join(exc.messages)
+    context = {"invitation": invitation, "form": form, "error": error, "gone": False}
+    status = 400 if request.method == "POST" else 200
+    response = render(request, "tenancy/invitation.html", context, status=status)
+    patch_cache_control(response, no_store=True, private=True)
+    return response
+
+
+# --- passwords: set only by their owners ------------------------------------------------------
+
+
+class PasswordResetForm(auth_forms.PasswordResetForm):
+    """Django's, for accounts with no password yet too (someone invited before invitations
+    were consented): the link goes to the account's own address either way."""
+
+    def get_users(self, email: str):
+        users = get_user_model()._default_manager.filter(email__iexact=email, is_active=True)
+        return (user for user in users if user.email.lower() == email.lower())
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """ "Forgot your password?": a reset link mailed to the account's address. The answer is
+    the same whether an account has the address or not."""
+
+    form_class = PasswordResetForm
+    template_name = "registration/password_reset.html"
+    email_template_name = "registration/password_reset_email.txt"
+    subject_template_name = "registration/password_reset_subject.txt"
+    success_url = reverse_lazy("password-reset-sent")
+
+
+class PasswordResetSentView(auth_views.PasswordResetDoneView):
+    template_name = "registration/password_reset_sent.html"
 
 
 class SetPasswordView(auth_views.PasswordResetConfirmView):
-    """The link an invitation carries: choose a password, once. Django's password reset
-    confirmation: the token stops working once the password is set, and after
-    ``PASSWORD_RESET_TIMEOUT``."""
+    """The link a password reset mail carries: choose a password, once. The token stops
+    working once the password is set, and after ``PASSWORD_RESET_TIMEOUT``."""
 
     template_name = "registration/set_password.html"
     success_url = reverse_lazy("set-password-done")
