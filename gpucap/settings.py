@@ -268,6 +268,10 @@ RENTALS_BOOT_TIMEOUT_SECONDS = env_int("RENTALS_BOOT_TIMEOUT_SECONDS", 900, mini
 # How long a VM may wait for its task before the reconciler sends the task again.
 RENTALS_RECONCILE_GRACE_SECONDS = env_int("RENTALS_RECONCILE_GRACE_SECONDS", 120, minimum=0)
 
+# Tests only: the kill point (gpucap.killpoints) at which this worker SIGKILLs its own process
+# group. Leave it unset anywhere else.
+TEST_KILL_AT = env_str("TEST_KILL_AT", "")
+
 # /metrics (gpucap.observability): a Prometheus server presents this as a bearer token; unset,
 # only operators' sessions may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")

@@ -16,9 +16,11 @@ How an applied plan acts:
   pointing at the VM whose placement takes its GPUs (``preempted_for``); a victim still booting
   has no guest to warn and is stopped at once;
 - each placement on GPUs that are free now -> ``vm_place`` at once;
-- each placement that needs a victim's GPUs -> ``waiting``: the GPUs stay reserved for it in
-  every later snapshot, and it is placed as soon as its victims are off
-  (`placements_complete`, run by every tick), in dry-run too, because it was approved.
+- each placement that needs a victim's GPUs -> ``waiting``: it is placed as soon as its victims
+  are off (`placements_complete`, run by every tick), in dry-run too, because it was approved,
+  or marked missed when its VM or GPUs changed meanwhile. Until then its GPUs stay reserved in
+  every later snapshot and its VM is no demand of any later plan, so the plan that notified
+  the victims is the one plan that records the placement.
 """
 
 import hashlib
@@ -39,6 +41,7 @@ from gpucap.arbiter.topology import block_sizes
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import CapacitySet, Gpu, Pool
+from gpucap.killpoints import kill_point, kill_point_on_commit
 from gpucap.notices import services as notices
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans.models import Plan, PlanAction
@@ -89,7 +92,10 @@ def capacity_set_tick(*, capacity_set_id: int, trigger: str = Plan.Trigger.PERIO
 
     Two transactions, each under the set's advisory lock: the placements commit before the
     plan is made, so the apply never holds the set's row while it waits for a VM's row (which
-    a VM's own transition holds while it waits for the set's row to bump its generation)."""
+    a VM's own transition holds while it waits for the set's row to bump its generation). A
+    victim going off between the two leaves a placement waiting while the plan is made; the
+    snapshot keeps that placement's VM and block out of the plan, and the next tick completes
+    it."""
     tick = Tick(capacity_set_id=capacity_set_id)
     with transaction.atomic():
         locks.xact_lock(locks.CAPACITY_SET, capacity_set_id)
@@ -348,7 +354,12 @@ def _generation(capacity_set_id: int) -> int:
 
 def _apply(plan: Plan, *, actor: Actor) -> None:
     """Act on a proposed plan; the caller holds the set's advisory lock. Raises Conflict (and
-    the caller's transaction rolls back) when anything differs from what the plan saw."""
+    the caller's transaction rolls back) when anything differs from what the plan saw.
+
+    One transaction: the plan's status, its notices, its placements and the progress of each
+    line commit together or not at all, so a worker dying anywhere in here leaves either the
+    whole apply or none of it (the ``kill_point``s are where the tests kill it)."""
+    kill_point("plans.apply:start")
     actions = list(
         plan.actions.exclude(kind=Kind.UNSATISFIED)
         .select_related("vm__pool", "for_vm__pool", "node")
@@ -371,6 +382,9 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
     if applied != 1:
         raise Conflict(f"plan {plan.pk} is no longer proposed", code="plan_not_proposed")
     plan.refresh_from_db()
+    # Registered before the notices and placements register their tasks, so the test that dies
+    # here dies before any of them is sent.
+    kill_point_on_commit("plans.apply:committed")
     # Counted on commit: an apply that a later step rolls back was never applied.
     metrics.shared_count_on_commit(metrics.PLANS_APPLIED, set=capacity_set.name, mode=plan.mode)
 
@@ -379,6 +393,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
         if action.kind == Kind.PREEMPTION:
             _preempt(plan, action, seconds=capacity_set.notice_seconds)
             leaving[action.node_id].update(action.gpus)
+    kill_point("plans.apply:notices-sent")
     for action in actions:
         if action.kind != Kind.PLACEMENT:
             continue
@@ -393,6 +408,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
             message=f"plan {plan.pk}: {action.reason}",
         )
         _progress(action, Progress.DONE)
+    kill_point("plans.apply:placements-recorded")
 
 
 def _preempt(plan: Plan, action: PlanAction, *, seconds: int) -> None:
@@ -451,6 +467,7 @@ def placements_complete(*, capacity_set: CapacitySet) -> list[int]:
             continue
         try:
             with transaction.atomic():
+                kill_point_on_commit("plans.placements:placed")  # before vm_place's tasks
                 rentals.vm_place(
                     vm=vm,
                     node=action.node,

@@ -20,9 +20,13 @@ What goes in:
 - inference deployments of the pools with their ``min_replicas`` (no preemption takes one
   below it), and each replica VM naming its deployment;
 - pending VMs as demands, one group each (the replicas of one inference scale-up step share
-  theirs), except VMs whose victims are still leaving: their
-  victims' GPUs (and the free rest of their block) are reserved for them instead, so they get
-  no second round of victims.
+  theirs), except VMs whose placement is under way: their GPUs are reserved for them instead,
+  so they get no second round of victims and no second placement. A placement is under way
+  while its victims are still leaving (their GPUs and the free rest of the block), and, in a
+  capacity set, for as long as an applied plan's placement of the VM waits to be completed
+  (the plan's block). A tick completes waiting placements before it plans, in a transaction of
+  its own, so the last victim may go off between the two; the plan made then must neither
+  place the VM a second time nor give its block to anyone else.
 
 Loading is a fixed number of queries whatever the fleet's size (`LiveCapacity.load`).
 """
@@ -35,13 +39,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, JSONField, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from gpucap.arbiter import model as am
 from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.inference.models import InferenceDeployment
+from gpucap.plans.models import PlanAction
 from gpucap.rentals.models import Allocation, VirtualMachine
 
 logger = logging.getLogger(__name__)
@@ -75,7 +80,9 @@ class LiveCapacity:
     holders: dict[int, VirtualMachine]  # VMs holding GPUs on these nodes
     held: dict[int, dict[int, list[int]]]  # VM id -> node id -> GPU indices
     victims: dict[int, list[int]]  # pending VM id -> ids of its victims still leaving
-    pending: list[VirtualMachine]  # annotated with ``waits_for_victims``
+    # Annotated with ``waits_for_victims`` and the block of an applied plan's placement that
+    # waits for it (``placement_node_id``, ``placement_gpus``; None when there is none).
+    pending: list[VirtualMachine]
     deployments: dict[int, InferenceDeployment]  # of the pools
 
     @classmethod
@@ -100,9 +107,16 @@ class LiveCapacity:
             )
         }
         in_flight = VirtualMachine.objects.filter(preempted_for=OuterRef("pk"), state__in=IN_FLIGHT)
+        waiting = PlanAction.objects.filter(
+            vm=OuterRef("pk"), kind=PlanAction.Kind.PLACEMENT, progress=PlanAction.Progress.WAITING
+        ).order_by("pk")
         pending = list(
             VirtualMachine.objects.filter(state=State.PENDING, pool_id__in=pools_by_id)
-            .annotate(waits_for_victims=Exists(in_flight))
+            .annotate(
+                waits_for_victims=Exists(in_flight),
+                placement_node_id=Subquery(waiting.values("node_id")[:1]),
+                placement_gpus=Subquery(waiting.values("gpus")[:1], output_field=JSONField()),
+            )
             .select_related("pool", "tenant")
             .order_by("requested_at", "pk")
         )
@@ -233,13 +247,24 @@ class LiveCapacity:
         return deployment.slug if pool_kind(pools[vm.pool_id]) == "inference" else None
 
     def _reservations(self, pools: dict[int, Pool], nodes: ClassNodes) -> list[am.Vm]:
-        """Keep the whole block of a VM that waits for its victims, not only the victims' GPUs:
-        when a victim held only part of the block, the free rest must not go to a lower-ranked
-        request meanwhile. The rest enters the snapshot as VMs under notice (reserved, never
-        victims), or as unusable GPUs when it is no union of the table's partitions."""
+        """Keep the whole block of a VM whose placement is under way, not only its victims'
+        GPUs: when a victim held only part of the block, or the victims are off already and the
+        placement is not completed yet, the free GPUs must not go to anyone else meanwhile. They
+        enter the snapshot as VMs under notice (reserved, never victims), or as unusable GPUs
+        when they are no union of the table's partitions."""
         reserved = []
         for vm in self.pending:
-            if vm.pool_id not in pools or not vm.waits_for_victims:
+            if vm.pool_id not in pools:
+                continue
+            if vm.placement_node_id is not None:
+                # An applied plan gave it this block: it is placed there, or its placement is
+                # marked missed and it is a demand again (`placements_complete`).
+                if vm.placement_node_id in nodes.nodes:
+                    reserved.extend(
+                        self._reserve(vm, nodes, vm.placement_node_id, vm.placement_gpus)
+                    )
+                continue
+            if not vm.waits_for_victims:
                 continue
             victims: dict[int, int] = defaultdict(int)  # node id -> mask of the victims' GPUs
             for victim_id in self.victims.get(vm.pk, ()):
@@ -256,32 +281,40 @@ class LiveCapacity:
                 ]
                 if not blocks or any(not gpu_mask(block) & ~theirs for block in blocks):
                     continue  # the victims' GPUs (reserved already) make a whole block
-                rest = [index for index in blocks[0] if not theirs & (1 << index)]
-                pieces = _cover(rest, nodes.tables[node_id])
-                if pieces is None:
-                    nodes.make_unusable(node_id, rest)
-                    continue
-                nodes.hold(node_id, rest)
-                reserved.extend(
-                    am.Vm(
-                        id=f"{vm.instance_id}/reserved-{n}",
-                        pool=OTHER_POOLS,
-                        node=nodes.nodes[node_id].hostname,
-                        gpus=piece,
-                        started_at=self.now,
-                        state="notified",
-                    )
-                    for n, piece in enumerate(pieces, start=1)
-                )
+                reserved.extend(self._reserve(vm, nodes, node_id, blocks[0]))
         return reserved
+
+    def _reserve(self, vm: VirtualMachine, nodes: ClassNodes, node_id: int, block) -> list[am.Vm]:
+        """Reserve for ``vm`` the GPUs of ``block`` that nobody holds (its victims' GPUs are
+        reserved already: a leaving VM's GPUs are never given to anyone else)."""
+        rest = [index for index in block if not nodes.busy[node_id] & (1 << index)]
+        if not rest:
+            return []
+        pieces = _cover(rest, nodes.tables[node_id])
+        if pieces is None:
+            nodes.make_unusable(node_id, rest)
+            return []
+        nodes.hold(node_id, rest)
+        return [
+            am.Vm(
+                id=f"{vm.instance_id}/reserved-{n}",
+                pool=OTHER_POOLS,
+                node=nodes.nodes[node_id].hostname,
+                gpus=piece,
+                started_at=self.now,
+                state="notified",
+            )
+            for n, piece in enumerate(pieces, start=1)
+        ]
 
     def _demands(self, pools: dict[int, Pool]) -> Iterable[am.Demand]:
         for vm in self.pending:
             if vm.pool_id not in pools:
                 continue
-            if vm.waits_for_victims:
-                # Its victims are stopping and their GPUs are reserved for it: no second round
-                # of victims. It is placed once they are off.
+            if vm.waits_for_victims or vm.placement_node_id is not None:
+                # Its placement is under way and its GPUs are reserved for it: no second round
+                # of victims, no second placement. It is placed once its victims are off (or
+                # planned again once its placement is missed).
                 continue
             if gpu_count_problem(vm.pool.fabric, vm.gpu_count):
                 continue  # vm_request refuses these; nothing here could place it

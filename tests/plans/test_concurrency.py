@@ -2,12 +2,14 @@
 idempotent. Two operators approving one plan at once apply it once; two REAL worker processes
 ticking one enforcing set at once never notify a VM twice, never give a GPU to two VMs, never
 place a demand twice; a stale Approve gets 409 and changes nothing; a worker killed with
-SIGKILL while it ticks loses nothing and doubles nothing once another worker takes over.
+SIGKILL at any point of an apply (a kill point, `gpucap.killpoints`) loses nothing and doubles
+nothing once another worker takes over, and the plan history names one plan per placement.
 
 What is asserted is what users see: VM states, notices, who holds which GPU, audit records.
 """
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.urls import reverse
 
 from gpucap.audit.models import AuditEvent
 from gpucap.celery import app
@@ -349,40 +352,48 @@ def test_an_approve_racing_a_new_request_either_applies_the_plan_seen_or_is_refu
 # --- (d) a worker killed mid-tick ---------------------------------------------------------------
 
 
-def _first_tick_received(worker) -> Callable[[], bool]:
-    return lambda: "Task plans.tick[" in worker.log()
+# Where the first worker dies (gpucap.killpoints): an exact point of the apply, or of the
+# completion of its waiting placement, named in the worker's environment. The worker SIGKILLs
+# its whole process group there, so where it died is known, not raced against a clock.
+KILL_POINTS = {
+    "while-planning": "plans.apply:start",
+    "after-the-notices-before-the-placement-is-recorded": "plans.apply:notices-sent",
+    "after-the-placement-before-the-plan-is-applied": "plans.apply:placements-recorded",
+    "right-after-the-notices": "plans.apply:committed",
+    "while-placing": "plans.placements:placed",
+}
 
 
-def _notices_sent(worker) -> Callable[[], bool]:
-    return lambda: InterruptionNotice.objects.exists()
-
-
-def _placing(worker) -> Callable[[], bool]:
-    return lambda: VirtualMachine.objects.filter(
-        name="train-1", state__in=[State.PROVISIONING, State.RUNNING]
-    ).exists()
-
-
-@pytest.mark.parametrize(
-    "kill_when",
-    [_first_tick_received, _notices_sent, _placing],
-    ids=["while-planning", "right-after-the-notices", "while-placing"],
-)
+@pytest.mark.parametrize("kill_at", list(KILL_POINTS.values()), ids=list(KILL_POINTS))
 def test_a_worker_killed_mid_tick_loses_nothing_and_doubles_nothing(
-    workers, h100, booted_spots, fleet_east, other_tenant, operator, sim, kill_when
+    workers,
+    h100,
+    booted_spots,
+    fleet_east,
+    other_tenant,
+    operator,
+    operator_api,
+    operator_client,
+    sim,
+    kill_at,
 ):
-    first = workers(**WORKER_ENV)
+    first = workers(**WORKER_ENV, TEST_KILL_AT=kill_at)
     spots = booted_spots(first)
-    services.capacity_set_set_mode(capacity_set=h100, mode=Mode.ENFORCE, actor=operator)
+    # train-1 asks while the set is still in dry-run: the first plan applied is one placing it.
     train = ask(fleet_east, other_tenant, "train-1", 8)
+    services.capacity_set_set_mode(capacity_set=h100, mode=Mode.ENFORCE, actor=operator)
     for _ in range(20):
         app.send_task("plans.tick", args=[h100.pk])
-
-    wait_for(kill_when(first), timeout=30, what="the moment to kill", log=first.log)
-    first.kill()  # SIGKILL: its unacknowledged messages stay unacknowledged for an hour
-    second = workers(**WORKER_ENV)
-
     beat = Beat(h100)
+
+    def died() -> bool:
+        beat()
+        return first.process.poll() is not None
+
+    wait_for(died, timeout=30, what=f"the worker to die at {kill_at}", log=first.log)
+    assert f"kill point {kill_at}: SIGKILL" in first.log(), first.log()
+    first.kill()  # its unacknowledged messages stay unacknowledged for an hour
+    second = workers(**WORKER_ENV)
 
     def running() -> bool:
         beat()
@@ -405,3 +416,51 @@ def test_a_worker_killed_mid_tick_loses_nothing_and_doubles_nothing(
     assert Allocation.objects.filter(vm__in=victims, released_at=None).count() == 0, (
         "the victims let go of their GPUs"
     )
+    # The history tells the same story: that plan notified the victims and placed train-1, and
+    # no other applied plan placed anything.
+    placement = plan.actions.get(kind=Kind.PLACEMENT)
+    assert placement.progress == PlanAction.Progress.DONE, placement.progress_message
+    assert all(
+        a.progress == PlanAction.Progress.DONE for a in plan.actions.filter(kind=Kind.PREEMPTION)
+    )
+    assert_one_plan_shows_the_placement(operator_api, operator_client, h100, plan, train, victims)
+
+
+def assert_one_plan_shows_the_placement(
+    api, client, capacity_set: CapacitySet, plan: Plan, vm: VirtualMachine, victims: list
+) -> None:
+    """``GET /api/plans/`` and the set page's plan history (the set's last 20 plans: a handful
+    here) show ``plan`` as the one applied plan with a placement, and its page and
+    ``GET /api/plans/{id}/`` show ``vm`` placed by it after notices to ``victims``."""
+    listed = api.get(
+        "/api/plans/", {"capacity_set": capacity_set.pk, "status": "applied", "limit": 500}
+    ).json()
+    assert listed["count"] == len(listed["results"])
+    assert [entry["id"] for entry in listed["results"] if entry["placements"]] == [plan.pk]
+    lines = api.get(f"/api/plans/{plan.pk}/").json()["actions"]
+    assert [
+        (line["instance_id"], line["progress"]) for line in lines if line["kind"] == "placement"
+    ] == [(vm.instance_id, "done")]
+    assert sorted(
+        (line["instance_id"], line["progress"]) for line in lines if line["kind"] == "preemption"
+    ) == sorted((victim.instance_id, "done") for victim in victims)
+
+    page = client.get(reverse("fleet:capacity-set-detail", kwargs={"name": capacity_set.name}))
+    history = page.content.decode().split('id="plan-history"')[1].split("</table>")[0]
+    rows = re.findall(
+        r'id="history-(\d+)".*?plan-status-(\w+)">.*?</span></td>\s*<td class="num">(\d+)</td>',
+        history,
+        re.S,
+    )
+    shown = {int(pk): (status, int(placements)) for pk, status, placements in rows}
+    assert shown.get(plan.pk) == ("applied", 1), shown
+    others = [
+        pk for pk, (status, n) in shown.items() if pk != plan.pk and status == "applied" and n
+    ]
+    assert not others, f"plans {others} placed something too"
+    detail = client.get(
+        reverse("plans:detail", kwargs={"name": capacity_set.name, "plan_id": plan.pk})
+    ).content.decode()
+    assert "1 of 1 placement done" in detail, detail
+    placed = detail.split('class="table plan-table placements"')[1].split("</table>")[0]
+    assert vm.name in placed and 'progress-done">placed</span>' in placed

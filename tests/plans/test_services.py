@@ -114,6 +114,39 @@ def test_approve_sends_notices_and_places_once_the_victims_are_off(
     ) == ["spot-3", "spot-4"]
 
 
+def test_victims_going_off_while_a_tick_runs_leave_the_placement_to_the_plan_that_made_it(
+    h100, full_set, on_demand_request, operator, monkeypatch
+):
+    """A tick completes waiting placements, then plans, in two transactions: the last victim
+    may go off between them (issue 22). The plan made then neither places the VM again nor
+    gives its block to the victims now pending; the next tick places it under the plan that
+    notified its victims, and that plan alone records the placement."""
+    services.capacity_set_set_mode(capacity_set=h100, mode="enforce", actor=operator)
+    train = on_demand_request()
+    first = tick(h100)
+    assert first.actions.get(kind=Kind.PLACEMENT).progress == PlanAction.Progress.WAITING
+    complete = services.placements_complete
+
+    def victims_go_off_right_after(*, capacity_set):
+        placed = complete(capacity_set=capacity_set)
+        stop_victims(first)
+        return placed
+
+    monkeypatch.setattr(services, "placements_complete", victims_go_off_right_after)
+    between = tick(h100)
+    monkeypatch.setattr(services, "placements_complete", complete)
+
+    assert between.status == Plan.Status.APPLIED
+    assert (between.placements, between.preemptions) == (0, 0), "the block stays reserved"
+    assert VirtualMachine.objects.filter(state=State.PROVISIONING).count() == 0
+    tick(h100)
+    train.refresh_from_db()
+    assert train.state == State.PROVISIONING and train.node.hostname == "h100-002"
+    placement = first.actions.get(kind=Kind.PLACEMENT)
+    assert placement.progress == PlanAction.Progress.DONE, placement.progress_message
+    assert list(PlanAction.objects.filter(kind=Kind.PLACEMENT, vm=train)) == [placement]
+
+
 def test_approving_twice_sends_nothing_twice(h100, full_set, on_demand_request, operator):
     on_demand_request()
     plan = tick(h100)

@@ -60,6 +60,27 @@ def test_victims_under_notice_are_reserved_and_their_beneficiary_is_no_demand(
     assert train.instance_id not in {d.id for d in snapshot.demands}
 
 
+def test_a_waiting_placement_keeps_its_vm_and_block_until_it_is_completed(
+    h100, full_set, on_demand_request, operator
+):
+    train = on_demand_request()
+    plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+    services.plan_approve(plan=plan, actor=operator)
+    # Its victims are off, and no tick has completed its placement yet.
+    for action in plan.actions.filter(kind="preemption"):
+        rentals.vm_mark_stopped(vm=rentals.vm_stop_for_notice(vm=action.vm, message="deadline"))
+
+    snapshot = capacity_set_snapshot(h100).snapshot
+
+    demands = {d.id for d in snapshot.demands}
+    assert train.instance_id not in demands, "its plan places it, not a new one"
+    assert {full_set[2].instance_id, full_set[3].instance_id} <= demands  # resuming spot VMs
+    reserved = [vm for vm in snapshot.vms if vm.id.startswith(f"{train.instance_id}/reserved")]
+    assert [(vm.node, vm.gpus, vm.state) for vm in reserved] == [
+        ("h100-002", (0, 1, 2, 3, 4, 5, 6, 7), "notified")
+    ]
+
+
 def test_a_lower_ranked_request_does_not_get_the_gpus_reserved_for_a_placement(
     h100, full_set, on_demand_request, operator, tenant, fleet_east
 ):
