@@ -151,8 +151,8 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "gpucap.api.AutoSchema",
-    "EXCEPTION_HANDLER": "gpucap.api.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "gpucap.api.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "gpucap.api.errors.exception_handler",
     # POST /api/token/ takes a password: this many attempts per client address, to slow a
     # guessing attack (throttle counts live in the cache, shared by every web process).
     "DEFAULT_THROTTLE_RATES": {"token": env_str("API_TOKEN_RATE", "20/minute")},

@@ -5,7 +5,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
 from gpucap.audit import selectors
-from gpucap.tenancy.decorators import operator_required, render_page
+from gpucap.web.pages import operator_required, render_page
 
 
 class AuditFilterForm(forms.Form):

@@ -7,8 +7,6 @@ shape of a request, the services decide what is allowed. Fleet internals are ope
 tenant members may read the pools their tenants may use, and nothing else of the fleet.
 """
 
-from collections.abc import Mapping
-
 from django.db import transaction
 from django.db.models import Count, Prefetch, Sum
 from django.db.models.functions import Coalesce
@@ -21,7 +19,8 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from gpucap.api import AutoSchema, IsOperator, IsOperatorOrReadOnly
+from gpucap.api.base import InputSerializer, ServiceWrites, choice_field
+from gpucap.api.permissions import IsOperator, IsOperatorOrReadOnly
 from gpucap.fleet import services as fleet
 from gpucap.fleet.filters import (
     CapacitySetFilter,
@@ -212,34 +211,9 @@ def _pool_as_seen(*, many: bool) -> PolymorphicProxySerializer:
 # --- input serializers: shapes only, the services decide --------------------------------------
 
 
-class InputSerializer(serializers.Serializer):
-    """Checks a request's shape. Fields a request may not set are refused by name rather than
-    silently ignored, so a client never believes it changed something it did not."""
-
-    hints: dict[str, str] = {}
-
-    def to_internal_value(self, data):
-        if isinstance(data, Mapping):
-            unknown = [key for key in data if key not in self.fields]
-            if unknown:
-                raise serializers.ValidationError(
-                    {key: [self.hints.get(key, "cannot be set by this request")] for key in unknown}
-                )
-        return super().to_internal_value(data)
-
-
-def _choice(choices, **kwargs) -> serializers.ChoiceField:
-    names = ", ".join(value for value, _label in choices)
-    return serializers.ChoiceField(
-        choices=choices,
-        error_messages={"invalid_choice": f"{{input!r}} is not one of: {names}"},
-        **kwargs,
-    )
-
-
 class ClusterWriteSerializer(InputSerializer):
     name = serializers.SlugField(max_length=64)
-    driver = _choice(Cluster.Driver.choices, required=False)
+    driver = choice_field(Cluster.Driver.choices, required=False)
     driver_settings = serializers.DictField(
         required=False, help_text="Driver-specific, e.g. a libvirt URI template."
     )
@@ -253,7 +227,7 @@ class GpuInputSerializer(InputSerializer):
         required=False,
         error_messages={"invalid": "must be a PCI address like 0000:18:00.0 (lower-case hex)"},
     )
-    health = _choice(Gpu.Health.choices, required=False)
+    health = choice_field(Gpu.Health.choices, required=False)
 
 
 _PARTITIONS_HELP = (
@@ -269,7 +243,7 @@ class NodeCreateSerializer(InputSerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
     hostname = serializers.CharField(max_length=253)
     gpu_model = serializers.CharField(max_length=64)
-    fabric = _choice(Fabric.choices)
+    fabric = choice_field(Fabric.choices)
     gpu_count = serializers.IntegerField(help_text="1 to 8.")
     partitions = serializers.ListField(
         child=serializers.ListField(child=serializers.IntegerField()),
@@ -308,7 +282,7 @@ class CapacitySetCreateSerializer(InputSerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
     name = serializers.SlugField(max_length=64)
     gpu_model = serializers.CharField(max_length=64)
-    fabric = _choice(Fabric.choices)
+    fabric = choice_field(Fabric.choices)
     notice_seconds = serializers.IntegerField(
         required=False, help_text="Interruption notice, 1 to 86400 seconds (default 120)."
     )
@@ -322,7 +296,7 @@ class CapacitySetUpdateSerializer(InputSerializer):
 
 class PoolCreateSerializer(InputSerializer):
     name = serializers.SlugField(max_length=64)
-    kind = _choice(Pool.Kind.choices)
+    kind = choice_field(Pool.Kind.choices)
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
     capacity_set = serializers.PrimaryKeyRelatedField(
         queryset=CapacitySet.objects.all(),
@@ -336,7 +310,7 @@ class PoolCreateSerializer(InputSerializer):
         help_text="Required for a standalone pool: the GPU model of the cluster's standalone "
         "nodes it places on. A pool in a set rents the set's model (absent or the same).",
     )
-    fabric = _choice(
+    fabric = choice_field(
         Fabric.choices,
         required=False,
         help_text="Required for a standalone pool: pcie or nvswitch. A pool in a set rents the "
@@ -378,26 +352,10 @@ class PoolFloorSerializer(InputSerializer):
 
 
 class GpuHealthSerializer(InputSerializer):
-    health = _choice(Gpu.Health.choices)
+    health = choice_field(Gpu.Health.choices)
 
 
 # --- viewsets ---------------------------------------------------------------------------------
-
-
-class ServiceWrites:
-    """What every fleet viewset shares: input checked by an input serializer, state changed
-    by a service, and the answer rendered by the read serializer from ``get_queryset()`` so it
-    carries the same annotations as a list row."""
-
-    schema = AutoSchema()
-
-    def validated(self, serializer_class, data, **kwargs) -> dict:
-        serializer = serializer_class(data=data, context=self.get_serializer_context(), **kwargs)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
-
-    def read(self, instance) -> dict:
-        return self.get_serializer(self.get_queryset().get(pk=instance.pk)).data
 
 
 class FleetViewSet(ServiceWrites, viewsets.ModelViewSet):

@@ -20,7 +20,7 @@ from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains
 from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
 from gpucap.plans.views import set_page_context
-from gpucap.tenancy.decorators import operator_required, render_page, wants_fragment
+from gpucap.web.pages import operator_required, render_page, wants_fragment
 
 
 class FleetFilterForm(forms.Form):

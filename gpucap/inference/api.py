@@ -17,7 +17,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from gpucap.fleet.api import InputSerializer, ServiceWrites
+from gpucap.api.base import InputSerializer, ServiceWrites
 from gpucap.fleet.models import Pool
 from gpucap.inference import cache, services
 from gpucap.inference.filters import ApiKeyFilter, InferenceDeploymentFilter

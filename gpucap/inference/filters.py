@@ -4,7 +4,7 @@ the tenant exists."""
 
 import django_filters
 
-from gpucap.fleet.filters import IdFilter
+from gpucap.api.filters import IdFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment
 
 

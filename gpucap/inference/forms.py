@@ -5,12 +5,12 @@ errors land next to the fields they name."""
 import datetime
 
 from django import forms
-from django.core.exceptions import ValidationError
 
 from gpucap.fleet.models import Fabric, Pool
 from gpucap.inference import selectors
 from gpucap.inference.models import InferenceDeployment
 from gpucap.tenancy.models import Tenant
+from gpucap.web.forms import ServiceErrorsMixin
 
 _model = InferenceDeployment._meta
 
@@ -23,20 +23,6 @@ def _count(name: str, label: str, help_text: str = "", *, minimum: int = 0) -> f
         help_text=help_text or _model.get_field(name).help_text,
         widget=forms.NumberInput(attrs={"min": minimum}),
     )
-
-
-class ServiceErrorsMixin:
-    # Service error keys that belong to another field of the form.
-    error_fields: dict[str, str] = {}
-
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Put a service's ``ValidationError`` next to the fields it names."""
-        if not hasattr(error, "error_dict"):
-            self.add_error(None, error)
-            return
-        for name, errors in error.error_dict.items():
-            name = self.error_fields.get(name, name)
-            self.add_error(name if name in self.fields else None, errors)
 
 
 class DeploymentSettingsForm(ServiceErrorsMixin, forms.Form):

@@ -11,7 +11,7 @@ selectors or services; the rules live in ``gpucap.inference.services``.
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
@@ -21,8 +21,8 @@ from gpucap.inference import selectors, services
 from gpucap.inference.forms import ApiKeyForm, DeploymentCreateForm, DeploymentSettingsForm
 from gpucap.inference.models import InferenceDeployment
 from gpucap.tenancy import selectors as tenancy
-from gpucap.tenancy.decorators import render_page, wants_fragment
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
+from gpucap.web.pages import render_page, tenant_pick, wants_fragment
 
 # HTMX events an action sends so the live parts of its page refresh at once.
 DEPLOYMENTS_CHANGED = "deployments-changed"
@@ -43,11 +43,15 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     """Operators: every deployment per pool, with live load. A tenant member: their tenant's
     deployments (a member of several picks the tenant first)."""
     if not is_operator(request.user):
-        tenants = tenancy.tenants_for(request.user)
-        if len(tenants) == 1:
-            return redirect("inference:tenant-deployments", slug=tenants[0].slug)
-        return render(
-            request, "inference/pick_tenant.html", {"nav": "inference", "tenants": tenants}
+        return tenant_pick(
+            request,
+            tenancy.tenants_for(request.user),
+            url_name="inference:tenant-deployments",
+            nav="inference",
+            title="Inference",
+            things="inference deployments",
+            whose="deployments",
+            things_long="inference deployments and API keys",
         )
     context = {"nav": "inference", "fleet": selectors.all_deployments()}
     return render_page(

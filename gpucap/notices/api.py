@@ -12,11 +12,10 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, viewsets
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from gpucap.api import AutoSchema, IsOperator
-from gpucap.fleet.api import InputSerializer
-from gpucap.fleet.filters import IdFilter
+from gpucap.api.base import InputSerializer, OperatorCommand
+from gpucap.api.filters import IdFilter
+from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains, selectors
 from gpucap.notices.models import InterruptionNotice
@@ -146,11 +145,6 @@ class ReclaimSerializer(InputSerializer):
 
 
 # --- commands ---------------------------------------------------------------------------------
-
-
-class OperatorCommand(APIView):
-    schema = AutoSchema()
-    permission_classes = [IsOperator]
 
 
 class NodeDrainView(OperatorCommand):

@@ -16,6 +16,7 @@ from gpucap.notices.cache import metadata_publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
+from gpucap.tasks import enqueue_on_commit
 
 Reason = InterruptionNotice.Reason
 Outcome = InterruptionNotice.Outcome
@@ -92,12 +93,7 @@ def notice_issue(
 
 
 def _schedule_deadline(notice: InterruptionNotice) -> None:
-    from gpucap.celery import app
-
-    deadline, notice_id = notice.deadline, notice.pk
-    transaction.on_commit(
-        lambda: app.send_task("notices.deadline_stop", args=[notice_id], eta=deadline)
-    )
+    enqueue_on_commit("notices.deadline_stop", notice.pk, eta=notice.deadline)
 
 
 @transaction.atomic

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET
 
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.selectors import notices_visible_to
-from gpucap.tenancy.decorators import render_page
+from gpucap.web.pages import render_page
 
 Reason = InterruptionNotice.Reason
 

@@ -19,10 +19,11 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from gpucap.api import ApiErrorBodySerializer, AutoSchema, IsOperator, error_body
-from gpucap.fleet.api import InputSerializer
+from gpucap.api.base import InputSerializer, OperatorCommand
+from gpucap.api.errors import ApiErrorBodySerializer, error_body
+from gpucap.api.permissions import IsOperator
+from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import CapacitySet, Pool
-from gpucap.notices.api import OperatorCommand
 from gpucap.plans import selectors, services
 from gpucap.plans.filters import PlanFilter
 from gpucap.plans.models import Plan, PlanAction

@@ -2,7 +2,7 @@
 
 import django_filters
 
-from gpucap.fleet.filters import IdFilter
+from gpucap.api.filters import IdFilter
 from gpucap.plans.models import Plan
 
 

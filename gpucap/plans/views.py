@@ -21,7 +21,8 @@ from gpucap.errors import Conflict
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.plans import selectors, services
 from gpucap.plans.models import Plan, PlanAction
-from gpucap.tenancy.decorators import operator_required, render_page, wants_fragment
+from gpucap.web.forms import ServiceErrorsMixin
+from gpucap.web.pages import operator_required, render_page, wants_fragment
 
 Mode = CapacitySet.Mode
 
@@ -248,7 +249,7 @@ def _render_detail(
 # --- what-if -------------------------------------------------------------------------------------
 
 
-class WhatIfForm(forms.Form):
+class WhatIfForm(ServiceErrorsMixin, forms.Form):
     """The what-if question: pool X asks for N more GPUs in blocks of K. The form only reads
     the numbers; what a set can be asked for is `services.plan_what_if`'s to say, next to the
     field."""
@@ -281,14 +282,6 @@ class WhatIfForm(forms.Form):
 
     def clean_pool(self) -> Pool:
         return self.pools[self.cleaned_data["pool"]]
-
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Put the service's errors next to the fields they name."""
-        if not hasattr(error, "error_dict"):
-            self.add_error(None, error)
-            return
-        for field, errors in error.error_dict.items():
-            self.add_error(field if field in self.fields else None, errors)
 
 
 @require_http_methods(["GET", "POST"])

@@ -14,8 +14,8 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from gpucap.api import IsOperator
-from gpucap.fleet.api import InputSerializer, ServiceWrites
+from gpucap.api.base import InputSerializer, ServiceWrites
+from gpucap.api.permissions import IsOperator
 from gpucap.fleet.models import Node, Pool
 from gpucap.rentals import selectors, services
 from gpucap.rentals.filters import VirtualMachineFilter

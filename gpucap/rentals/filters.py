@@ -3,7 +3,7 @@ see: a member filtering by another tenant's slug gets an empty list, not a hint 
 
 import django_filters
 
-from gpucap.fleet.filters import IdFilter
+from gpucap.api.filters import IdFilter
 from gpucap.rentals.models import VirtualMachine
 
 

@@ -3,12 +3,12 @@ fabric allows, which pools a tenant may use, what a name or SSH key looks like) 
 service's, and its errors land next to the fields they name."""
 
 from django import forms
-from django.core.exceptions import ValidationError
 
 from gpucap.fleet.models import Fabric, Pool
 from gpucap.rentals import selectors
 from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy.models import Tenant
+from gpucap.web.forms import ServiceErrorsMixin
 
 
 class PoolChoiceField(forms.ModelChoiceField):
@@ -17,7 +17,7 @@ class PoolChoiceField(forms.ModelChoiceField):
         return f"{pool.name} · {pool.get_kind_display()} · {pool.gpu_model} {fabric}"
 
 
-class VmRequestForm(forms.Form):
+class VmRequestForm(ServiceErrorsMixin, forms.Form):
     pool = PoolChoiceField(
         queryset=Pool.objects.none(),
         empty_label=None,
@@ -57,14 +57,6 @@ class VmRequestForm(forms.Form):
         # Read the pools once: the page both asks whether there are any and lists them.
         self.pools = list(pool.queryset)
         pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
-
-    def add_service_errors(self, error: ValidationError) -> None:
-        """Put a service's ``ValidationError`` next to the fields it names."""
-        if not hasattr(error, "error_dict"):
-            self.add_error(None, error)
-            return
-        for field, errors in error.error_dict.items():
-            self.add_error(field if field in self.fields else None, errors)
 
 
 class VmFilterForm(forms.Form):

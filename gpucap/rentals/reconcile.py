@@ -37,6 +37,7 @@ from gpucap.drivers.base import FAILED, MISSING, RUNNING, STOPPED, DriverError, 
 from gpucap.drivers.registry import driver_for
 from gpucap.rentals import services
 from gpucap.rentals.models import VirtualMachine
+from gpucap.tasks import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _mark_failed(reason: str, *, destroy: bool = False):
     def act(vm: VirtualMachine, status: VmStatus) -> None:
         services.vm_mark_failed(vm=vm, reason=reason)
         if destroy:  # what is left on the hypervisor must not keep the GPUs
-            _send("rentals.vm_destroy", vm.pk)
+            enqueue_on_commit("rentals.vm_destroy", vm.pk)
 
     return act
 
@@ -207,7 +208,7 @@ def _guest_shut_down_early(vm: VirtualMachine, status: VmStatus) -> None:
 
 def _resend(what: str):
     def act(vm: VirtualMachine, status: VmStatus) -> None:
-        _send(f"rentals.vm_{what}", vm.pk)
+        enqueue_on_commit(f"rentals.vm_{what}", vm.pk)
 
     return act
 
@@ -223,10 +224,4 @@ def _nudge_standalone_placement() -> None:
     )
     for cluster_id in cluster_ids:
         logger.info("reconciler: standalone VMs pending on cluster %s; placing", cluster_id)
-        _send("rentals.standalone_place", cluster_id)
-
-
-def _send(task_name: str, *args) -> None:
-    from gpucap.celery import app
-
-    transaction.on_commit(lambda: app.send_task(task_name, args=list(args)))
+        enqueue_on_commit("rentals.standalone_place", cluster_id)

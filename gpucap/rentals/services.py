@@ -20,6 +20,7 @@ from gpucap.inference.cache import route_publish_on_commit
 from gpucap.notices.cache import metadata_publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.tasks import enqueue_on_commit
 from gpucap.tenancy.models import Tenant
 from gpucap.usage.models import UsageInterval
 
@@ -135,13 +136,6 @@ def _plan_inputs_changed(vm: VirtualMachine) -> None:
     capacity_set_bump(capacity_set_id=capacity_set_id.first())
 
 
-def _enqueue(task_name: str, *args) -> None:
-    """Send a driver task once the transaction commits (tasks load by id and are idempotent)."""
-    from gpucap.celery import app
-
-    transaction.on_commit(lambda: app.send_task(task_name, args=list(args)))
-
-
 # --- requests from tenants ---------------------------------------------------------------------
 
 
@@ -223,7 +217,7 @@ def vm_request(
 def _demand_changed(pool: Pool) -> None:
     """Standalone pools place at once; set pools wait for the arbiter (a later stage)."""
     if pool.capacity_set_id is None:
-        _enqueue("rentals.standalone_place", pool.cluster_id)
+        enqueue_on_commit("rentals.standalone_place", pool.cluster_id)
 
 
 # --- placement ---------------------------------------------------------------------------------
@@ -268,11 +262,11 @@ def vm_place(
         gpu_count=placed.gpu_count,
         started_at=timezone.now(),
     )
-    _enqueue("rentals.vm_provision", placed.pk)
+    enqueue_on_commit("rentals.vm_provision", placed.pk)
     if left is not None:
         # A resumed VM boots afresh on its new node; the node it left still has its stopped
         # definition and disk, which would hold that node's storage forever.
-        _enqueue("rentals.vm_destroy_left", placed.pk, left)
+        enqueue_on_commit("rentals.vm_destroy_left", placed.pk, left)
     return placed
 
 
@@ -378,7 +372,7 @@ def _stop(
         stop_reason=reason,
         preempted_for=preempted_for,
     )
-    _enqueue("rentals.vm_stop", stopped.pk)
+    enqueue_on_commit("rentals.vm_stop", stopped.pk)
     return stopped
 
 
@@ -405,7 +399,7 @@ def vm_terminate(
     if locked.state in (State.PENDING, State.STOPPED, State.FAILED):
         terminated = vm_transition(vm=locked, to=State.TERMINATED, actor=actor)
         if terminated.node_id is not None:
-            _enqueue("rentals.vm_destroy", terminated.pk)
+            enqueue_on_commit("rentals.vm_destroy", terminated.pk)
         return terminated
     if locked.state == State.STOPPING:
         VirtualMachine.objects.filter(pk=locked.pk).update(stop_reason=StopReason.TERMINATE)
@@ -450,7 +444,7 @@ def vm_mark_stopped(*, vm: VirtualMachine) -> VirtualMachine:
     if reason == StopReason.TERMINATE or locked.role == VirtualMachine.Role.INFERENCE_REPLICA:
         # A replica is never restarted: its deployment asks for a new one where there is room.
         done = vm_transition(vm=locked, to=State.TERMINATED)
-        _enqueue("rentals.vm_destroy", done.pk)
+        enqueue_on_commit("rentals.vm_destroy", done.pk)
         return done
     resumes = locked.pool.kind == Pool.Kind.SPOT and reason in (
         StopReason.PREEMPTED,

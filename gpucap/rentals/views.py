@@ -12,7 +12,7 @@ from collections.abc import Callable
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.errors import Conflict
@@ -23,8 +23,8 @@ from gpucap.rentals import selectors, services
 from gpucap.rentals.forms import VmFilterForm, VmRequestForm
 from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy import selectors as tenancy
-from gpucap.tenancy.decorators import operator_required, render_page
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
+from gpucap.web.pages import operator_required, render_page, tenant_pick
 
 # An HTMX event the request form sends so the VM table refreshes at once.
 VMS_CHANGED = "vms-changed"
@@ -36,10 +36,15 @@ def vm_list(request: HttpRequest) -> HttpResponse:
     """Operators: every VM, filtered. A tenant member: their tenant's VMs (a member of several
     picks the tenant first)."""
     if not is_operator(request.user):
-        tenants = tenancy.tenants_for(request.user)
-        if len(tenants) == 1:
-            return redirect("rentals:tenant-vms", slug=tenants[0].slug)
-        return render(request, "rentals/pick_tenant.html", {"nav": "vms", "tenants": tenants})
+        return tenant_pick(
+            request,
+            tenancy.tenants_for(request.user),
+            url_name="rentals:tenant-vms",
+            nav="vms",
+            title="VMs",
+            things="VMs",
+            things_long="VMs and pools",
+        )
     form = VmFilterForm(request.GET, options=selectors.vm_filter_options())
     filters = form.filters()
     page = selectors.vm_page(**filters, page=request.GET.get("page", 1))

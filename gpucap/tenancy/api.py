@@ -15,7 +15,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
-from gpucap.api import AutoSchema
+from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import Pool
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant

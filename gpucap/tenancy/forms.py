@@ -4,8 +4,8 @@ name."""
 
 from django import forms
 
-from gpucap.inference.forms import ServiceErrorsMixin
 from gpucap.tenancy.models import Membership
+from gpucap.web.forms import ServiceErrorsMixin
 
 
 class MemberInviteForm(ServiceErrorsMixin, forms.Form):

@@ -13,7 +13,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import exceptions, renderers, serializers
 from rest_framework.views import APIView
 
-from gpucap.api import ApiErrorSerializer
+from gpucap.api.errors import ApiErrorSerializer
 from gpucap.tenancy.models import Tenant
 from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.usage import export

@@ -12,10 +12,10 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from gpucap.inference.forms import ServiceErrorsMixin
 from gpucap.tenancy.models import Tenant
 from gpucap.usage import services, webhook
 from gpucap.usage.models import BillingWebhook
+from gpucap.web.forms import ServiceErrorsMixin
 
 MAX_DAYS = 366
 

@@ -13,12 +13,12 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.fleet.models import CapacitySet
-from gpucap.tenancy.decorators import operator_required, render_page
 from gpucap.tenancy.models import Tenant
 from gpucap.tenancy.roles import is_operator
 from gpucap.tenancy.selectors import tenant_visible_to, tenants_for
 from gpucap.usage import charts, export, selectors, services
 from gpucap.usage.forms import BillingWebhookForm, UsagePeriodForm
+from gpucap.web.pages import operator_required, render_page, tenant_pick
 
 # --- usage: totals, charts and exports ------------------------------------------------------
 
@@ -108,10 +108,14 @@ def my_usage(request: HttpRequest) -> HttpResponse:
     """The nav's "My usage": a member of one tenant goes to its usage, of several picks one."""
     if is_operator(request.user):
         return redirect("usage:overview")
-    tenants = tenants_for(request.user)
-    if len(tenants) == 1:
-        return redirect("usage:tenant-usage", slug=tenants[0].slug)
-    return render(request, "usage/pick_tenant.html", {"nav": "usage", "tenants": tenants})
+    return tenant_pick(
+        request,
+        tenants_for(request.user),
+        url_name="usage:tenant-usage",
+        nav="usage",
+        title="Usage",
+        things="usage",
+    )
 
 
 # The set page's allocation chart: how far back, and how long each bar is.

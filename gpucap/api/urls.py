@@ -4,7 +4,7 @@
 from django.urls import path, re_path
 from rest_framework.routers import DefaultRouter
 
-from gpucap.api import endpoint_not_found
+from gpucap.api.errors import endpoint_not_found
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,

@@ -1,5 +1,4 @@
-"""What the whole REST API shares: one error body shape, the permission classes, and the
-schema class that documents that error shape on every operation.
+"""The REST API's one error shape.
 
 Every error answers ``{"error": {"code": ..., "message": ..., "fields": {field: [reasons]}}}``
 whether it came from a serializer, a service (Django ``ValidationError`` / ``Conflict``),
@@ -11,14 +10,11 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.utils import OpenApiResponse
-from rest_framework import exceptions, permissions, serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from gpucap.errors import Conflict
-from gpucap.tenancy.roles import is_operator
 
 
 def error_body(code: str, message: str, fields: dict | None = None) -> dict:
@@ -105,24 +101,6 @@ def endpoint_not_found(request, *args, **kwargs) -> JsonResponse:
     return JsonResponse(error_body("not_found", message), status=404)
 
 
-class IsOperator(permissions.BasePermission):
-    message = "Only operators may do this."
-
-    def has_permission(self, request, view) -> bool:
-        return is_operator(request.user)
-
-
-class IsOperatorOrReadOnly(permissions.BasePermission):
-    """Operators write; any authenticated user reads what the view's queryset lets them see."""
-
-    message = "Only operators may change this."
-
-    def has_permission(self, request, view) -> bool:
-        if not request.user.is_authenticated:
-            return False
-        return request.method in permissions.SAFE_METHODS or is_operator(request.user)
-
-
 # --- the error shape in the OpenAPI schema ----------------------------------------------------
 
 
@@ -137,42 +115,3 @@ class ApiErrorBodySerializer(serializers.Serializer):
 
 class ApiErrorSerializer(serializers.Serializer):
     error = ApiErrorBodySerializer()
-
-
-class AutoSchema(SpectacularAutoSchema):
-    """drf-spectacular's schema, plus the error answers an operation can give, in the one shape
-    every error has."""
-
-    _ERRORS = {
-        400: "Invalid input; `fields` names each offending field and why.",
-        401: "Not authenticated: send `Authorization: Token <key>` or log in.",
-        403: "Authenticated, but not allowed to do this.",
-        404: "No such object, or not one you may see.",
-        409: "Well-formed, but the current state forbids it.",
-    }
-
-    # The hook is drf-spectacular's (pinned in requirements.txt): it sees every operation's
-    # responses after any @extend_schema override, so errors are documented once, here.
-    def _get_response_bodies(self, direction="response"):
-        responses = super()._get_response_bodies(direction)
-        for code in self._error_codes():
-            error = OpenApiResponse(ApiErrorSerializer, description=self._ERRORS[code])
-            responses.setdefault(str(code), self._get_response_for_code(error, str(code)))
-        return responses
-
-    def _error_codes(self) -> list[int]:
-        writes = self.method in ("POST", "PUT", "PATCH", "DELETE")
-        guarded = bool(self.view.get_permissions())
-        codes = []
-        filtered_list = getattr(self.view, "action", None) == "list" and getattr(
-            self.view, "filterset_class", None
-        )
-        if self.method in ("POST", "PUT", "PATCH") or filtered_list:
-            codes.append(400)
-        if guarded:
-            codes += [401, 403]
-        if "{" in self.path:
-            codes.append(404)
-        if writes and guarded:
-            codes.append(409)
-        return codes

@@ -7,7 +7,7 @@ from functools import wraps
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 
 from gpucap.tenancy.roles import is_operator
@@ -41,3 +41,30 @@ def render_page(
     # The same URL answers with a page or a fragment: caches must keep them apart.
     patch_vary_headers(response, ("HX-Request",))
     return response
+
+
+def tenant_pick(
+    request: HttpRequest,
+    tenants: list,
+    *,
+    url_name: str,
+    nav: str,
+    title: str,
+    things: str,
+    whose: str = "",
+    things_long: str = "",
+) -> HttpResponse:
+    """Where a tenant member lands on a page that is per tenant: a member of one tenant goes to
+    its page (``url_name`` by slug), of several picks one, of none is told whom to ask."""
+    if len(tenants) == 1:
+        return redirect(url_name, slug=tenants[0].slug)
+    context = {
+        "nav": nav,
+        "tenants": tenants,
+        "title": title,
+        "things": things,
+        "whose": whose,
+        "things_long": things_long,
+        "url_name": url_name,
+    }
+    return render(request, "components/pick_tenant.html", context)
