@@ -37,6 +37,7 @@ run: demo
 lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install-dev
 	$(VENV)/bin/ruff check --fix .

@@ -200,8 +200,8 @@ class BenchFleet:
         from django.contrib.auth.models import Group, User
 
         from gpucap.fleet import services as fleet
+        from gpucap.roles import OPERATORS_GROUP
         from gpucap.tenancy.models import Tenant
-        from gpucap.tenancy.roles import OPERATORS_GROUP
 
         self.rng = rng
         self.operator = User.objects.create_user("bench-operator", is_staff=True)

@@ -152,8 +152,8 @@ def build(vm_count: int, rng: random.Random) -> dict:
 
     from gpucap.fleet import services as fleet
     from gpucap.rentals.models import VirtualMachine
+    from gpucap.roles import OPERATORS_GROUP
     from gpucap.tenancy.models import Tenant
-    from gpucap.tenancy.roles import OPERATORS_GROUP
     from gpucap.usage.models import UsageInterval
 
     operator = User.objects.create_user("bench-operator", is_staff=True)

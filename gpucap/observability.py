@@ -48,7 +48,7 @@ from gpucap.inference.models import InferenceDeployment
 from gpucap.inference.services import LIVE
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import VirtualMachine
-from gpucap.tenancy.roles import is_operator
+from gpucap.roles import is_operator
 from gpucap.usage.models import BillingWebhook, UsageRecord
 
 logger = logging.getLogger(__name__)

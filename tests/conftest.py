@@ -18,8 +18,8 @@ from rest_framework.test import APIClient
 
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster
+from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import OPERATORS_GROUP
 
 PASSWORD = "correct-horse-battery"
 

@@ -2,7 +2,7 @@
 
 from rest_framework import permissions
 
-from gpucap.tenancy.roles import is_operator
+from gpucap.roles import is_operator
 
 
 class IsOperator(permissions.BasePermission):

@@ -30,8 +30,8 @@ from gpucap.fleet.filters import (
     PoolFilter,
 )
 from gpucap.fleet.models import CapacitySet, Cluster, Fabric, Gpu, Node, Pool
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 PCI_ADDRESS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
 

@@ -32,9 +32,9 @@ from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric, Gpu, Node, Pool
 from gpucap.fleet.topology import partition_table_problems
+from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import OPERATORS_GROUP
 
 FORMAT_VERSION = 1
 

@@ -23,8 +23,8 @@ from gpucap.inference import cache, services
 from gpucap.inference.filters import ApiKeyFilter, InferenceDeploymentFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.rentals.models import VirtualMachine
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 # (queued, in flight, in flight per replica id) as ``cache.load`` gives it; None when the
 # router's Redis cannot be read (the API still answers, without live figures).

@@ -20,8 +20,8 @@ from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.services import LIVE
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.selectors import vms_with_gpus
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 State = VirtualMachine.State
 # requests/s is the mean over this many whole seconds before the current one.

@@ -20,8 +20,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from gpucap.inference import selectors, services
 from gpucap.inference.forms import ApiKeyForm, DeploymentCreateForm, DeploymentSettingsForm
 from gpucap.inference.models import InferenceDeployment
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors as tenancy
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.web.pages import render_page, tenant_pick, wants_fragment
 
 # HTMX events an action sends so the live parts of its page refresh at once.

@@ -15,7 +15,7 @@ from gpucap.fleet.models import Node, Pool
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.services import HOLDING
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_ids_for
 
 State = VirtualMachine.State
 

@@ -20,8 +20,8 @@ from gpucap.fleet.models import Node, Pool
 from gpucap.rentals import selectors, services
 from gpucap.rentals.filters import VirtualMachineFilter
 from gpucap.rentals.models import VirtualMachine
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 # --- read -------------------------------------------------------------------------------------
 

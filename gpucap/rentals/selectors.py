@@ -17,8 +17,8 @@ from gpucap.fleet.models import Node, Pool
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.services import TRANSITIONS
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 State = VirtualMachine.State
 PAGE_SIZE = 50

@@ -22,8 +22,8 @@ from gpucap.notices.services import notice_seconds_for
 from gpucap.rentals import selectors, services
 from gpucap.rentals.forms import VmFilterForm, VmRequestForm
 from gpucap.rentals.models import VirtualMachine
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors as tenancy
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.web.pages import operator_required, render_page, tenant_pick
 
 # An HTMX event the request form sends so the VM table refreshes at once.

@@ -17,9 +17,9 @@ from rest_framework.throttling import ScopedRateThrottle
 
 from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import Pool
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 
 
 class TenantSerializer(serializers.ModelSerializer):

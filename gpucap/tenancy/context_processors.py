@@ -1,6 +1,6 @@
 from django.http import HttpRequest
 
-from gpucap.tenancy.roles import is_operator
+from gpucap.roles import is_operator
 
 
 def roles(request: HttpRequest) -> dict:

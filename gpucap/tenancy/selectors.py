@@ -16,8 +16,8 @@ from gpucap.inference.selectors import DeploymentList, tenant_deployments
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Invitation, Membership, Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
 
 # The portal shows this many VMs (open notices first, then the newest) and API keys (newest).

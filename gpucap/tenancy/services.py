@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
+from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy.models import Invitation, Membership, Tenant
-from gpucap.tenancy.roles import OPERATORS_GROUP
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from gpucap.roles import is_operator
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.forms import InvitationAccountForm, MemberInviteForm, MemberRoleForm
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import is_operator
 from gpucap.web.pages import operator_required, render_page, wants_fragment
 
 

@@ -14,8 +14,8 @@ from rest_framework import exceptions, renderers, serializers
 from rest_framework.views import APIView
 
 from gpucap.api.errors import ApiErrorSerializer
+from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator, tenant_ids_for
 from gpucap.usage import export
 from gpucap.usage.export import COLUMNS
 from gpucap.usage.forms import MAX_DAYS, period_between

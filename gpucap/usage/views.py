@@ -13,8 +13,8 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.fleet.models import CapacitySet
+from gpucap.roles import is_operator
 from gpucap.tenancy.models import Tenant
-from gpucap.tenancy.roles import is_operator
 from gpucap.tenancy.selectors import tenant_visible_to, tenants_for
 from gpucap.usage import charts, export, selectors, services
 from gpucap.usage.forms import BillingWebhookForm, UsagePeriodForm

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 
-from gpucap.tenancy.roles import is_operator
+from gpucap.roles import is_operator
 
 
 def operator_required(view: Callable) -> Callable:

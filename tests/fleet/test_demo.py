@@ -10,8 +10,8 @@ from django.db.models import Sum
 
 from gpucap.audit.models import AuditEvent
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
+from gpucap.roles import is_operator
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import is_operator
 
 NON_ADJACENT_PAIRS = [[0, 2], [1, 3], [4, 6], [5, 7]]
 

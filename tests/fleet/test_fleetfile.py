@@ -12,8 +12,8 @@ from django.core.management import CommandError, call_command
 
 from gpucap.audit.models import AuditEvent
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.roles import is_operator
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.tenancy.roles import is_operator
 
 User = get_user_model()
 
