@@ -1,4 +1,4 @@
-"""``manage.py demo`` loads gpucap/fleet/demo.yaml: the fleet the README promises, logins that
+"""``manage.py demo`` loads gpucap/demo/fleet.yaml: the fleet the README promises, logins that
 work, and a second run that changes nothing."""
 
 from io import StringIO

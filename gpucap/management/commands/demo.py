@@ -1,22 +1,22 @@
-"""``manage.py demo``: load the demo fleet (gpucap/fleet/demo.yaml), put the demo tenants' VMs
-on it (gpucap/rentals/demo.py) and print the logins."""
+"""``manage.py demo``: load the demo fleet (gpucap/demo/fleet.yaml), put the demo tenants' VMs
+on it (gpucap/demo/workload.py) and print the logins."""
 
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from gpucap.demo.usage_history import demo_usage_history
+from gpucap.demo.workload import demo_workload
 from gpucap.envvars import env_int
 from gpucap.fleet.fleetfile import FleetFile, FleetFileError, fleet_file_apply, fleet_file_load
-from gpucap.rentals.demo import demo_workload
-from gpucap.usage.demo import demo_usage_history
 
-DEMO_FILE = Path(__file__).resolve().parents[2] / "demo.yaml"
+DEMO_FILE = Path(__file__).resolve().parents[2] / "demo" / "fleet.yaml"
 
 
 class Command(BaseCommand):
     help = (
-        "Load the demo fleet from gpucap/fleet/demo.yaml (safe to run again: it changes only "
+        "Load the demo fleet from gpucap/demo/fleet.yaml (safe to run again: it changes only "
         "what differs from the file) and print the URL and the demo logins."
     )
 
