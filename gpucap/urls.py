@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("gpucap.api.urls")),
+    path("", include("gpucap.portal.urls")),
     path("", include("gpucap.tenancy.urls")),
     path("fleet/", include("gpucap.fleet.urls")),
     path("fleet/sets/<slug:name>/", include("gpucap.plans.urls")),

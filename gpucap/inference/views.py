@@ -22,7 +22,7 @@ from gpucap.inference.forms import ApiKeyForm, DeploymentCreateForm, DeploymentS
 from gpucap.inference.models import InferenceDeployment
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors as tenancy
-from gpucap.web.pages import render_page, tenant_pick, wants_fragment
+from gpucap.web.pages import render_page, site_url, tenant_pick, wants_fragment
 
 # HTMX events an action sends so the live parts of its page refresh at once.
 DEPLOYMENTS_CHANGED = "deployments-changed"
@@ -121,7 +121,7 @@ def _tenant_context(request: HttpRequest, tenant, form) -> dict:
         "listing": selectors.tenant_deployments(tenant=tenant),
         "form": form,
         "is_member": True,
-        "site": request.build_absolute_uri("/").rstrip("/"),
+        "site": site_url(request),
     }
 
 

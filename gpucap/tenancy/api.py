@@ -20,6 +20,7 @@ from gpucap.fleet.models import Pool
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant
+from gpucap.web.pages import site_url
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -125,7 +126,7 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         data.is_valid(raise_exception=True)
         invitation = services.invitation_send(
             tenant=tenant,
-            site_url=request.build_absolute_uri("/"),
+            site_url=site_url(request),
             actor=request.user,
             **data.validated_data,
         )

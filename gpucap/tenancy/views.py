@@ -1,8 +1,8 @@
-"""Where people land, a tenant's portal and members, and the operators' list of tenants.
+"""A tenant's members and invitations, accepting an invitation, and passwords.
 
-Operators land on the fleet, tenant members on their tenant's portal. Operators may open any
-tenant's pages read-only: the pages render without their forms, and what a form would post is
-refused with 403. A tenant that is not yours is a 404, as if it did not exist.
+Operators may open any tenant's members read-only: the page renders without its forms, and what
+a form would post is refused with 403. A tenant that is not yours is a 404, as if it did not
+exist.
 """
 
 from django.contrib.auth import forms as auth_forms
@@ -17,53 +17,10 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from gpucap.roles import is_operator
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.forms import InvitationAccountForm, MemberInviteForm, MemberRoleForm
 from gpucap.tenancy.models import Membership, Tenant
-from gpucap.web.pages import operator_required, render_page, wants_fragment
-
-
-@require_GET
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    """Operators go to the fleet; a member of one tenant to its page; a member of several
-    picks one; someone with no tenant yet is told whom to ask."""
-    if is_operator(request.user):
-        return redirect("fleet:overview")
-    tenants = selectors.tenants_for(request.user)
-    if len(tenants) == 1:
-        return redirect("tenant-detail", slug=tenants[0].slug)
-    return render(request, "tenancy/home.html", {"nav": "tenant", "tenants": tenants})
-
-
-@require_GET
-@operator_required
-def tenant_list(request: HttpRequest) -> HttpResponse:
-    """Operators: every tenant with what it runs, each linking to its portal."""
-    return render(
-        request, "tenancy/tenant_list.html", {"nav": "tenants", "tenants": selectors.tenant_list()}
-    )
-
-
-# --- the portal -------------------------------------------------------------------------------
-
-
-@require_GET
-@login_required
-def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """The tenant's portal. Its live part (VMs, deployments, this month's GPU-hours) polls this
-    URL and reads nothing else."""
-    tenant = selectors.tenant_visible_to(user=request.user, slug=slug)
-    now = timezone.now()
-    context = {"nav": _nav(request), "tenant": tenant, "site": _site(request), "now": now}
-    if wants_fragment(request):
-        context["live"] = selectors.portal_live(tenant=tenant, now=now)
-    else:
-        portal = selectors.tenant_portal(tenant=tenant, user=request.user, now=now)
-        context.update(portal=portal, live=portal.live, read_only=portal.read_only)
-    return render_page(request, "tenancy/tenant_detail.html", context, fragment="portal-live")
-
+from gpucap.web.pages import render_page, site_url, tenant_nav
 
 # --- members ----------------------------------------------------------------------------------
 
@@ -88,7 +45,7 @@ def member_invite(request: HttpRequest, slug: str) -> HttpResponse:
     if form.is_valid():
         try:
             invitation = services.invitation_send(
-                tenant=tenant, site_url=_site(request), actor=request.user, **form.cleaned_data
+                tenant=tenant, site_url=site_url(request), actor=request.user, **form.cleaned_data
             )
         except ValidationError as exc:
             form.add_service_errors(exc)
@@ -203,7 +160,7 @@ def _members_page(
     is_admin = role == Membership.Role.ADMIN
     extra.setdefault("invite_form", MemberInviteForm() if is_admin else None)
     context = {
-        "nav": _nav(request),
+        "nav": tenant_nav(request),
         "tenant": tenant,
         "role": role,
         "read_only": role == "operator",
@@ -297,11 +254,3 @@ class SetPasswordView(auth_views.PasswordResetConfirmView):
 
 class SetPasswordDoneView(auth_views.PasswordResetCompleteView):
     template_name = "registration/set_password_done.html"
-
-
-def _nav(request: HttpRequest) -> str:
-    return "tenants" if is_operator(request.user) else "tenant"
-
-
-def _site(request: HttpRequest) -> str:
-    return request.build_absolute_uri("/").rstrip("/")

@@ -68,3 +68,13 @@ def tenant_pick(
         "url_name": url_name,
     }
     return render(request, "components/pick_tenant.html", context)
+
+
+def site_url(request: HttpRequest) -> str:
+    """The origin this request reached, for absolute links (``https://gpucap.example.com``)."""
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+def tenant_nav(request: HttpRequest) -> str:
+    """Which menu item a tenant's page lights: an operator came from "Tenants"."""
+    return "tenants" if is_operator(request.user) else "tenant"
