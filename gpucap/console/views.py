@@ -1,5 +1,6 @@
-"""Operator pages for the fleet: overview grid, capacity sets, node detail with cordon/uncordon,
-and drains of a node or a whole set (with who holds a drain up).
+"""The operators' console: the fleet overview grid, capacity sets (with the arbiter's panels of
+gpucap.plans), node detail with cordon/uncordon, and drains of a node or a whole set (with who
+holds a drain up, from gpucap.notices).
 
 Views adapt the request and call selectors (reads) or services (changes); nothing here
 decides a rule of the fleet.
@@ -59,7 +60,7 @@ def fleet_overview(request: HttpRequest) -> HttpResponse:
     filters = form.filters()
     overview = selectors.fleet_overview(**filters)
     context = {"nav": "fleet", "form": form, "filtered": bool(filters), "overview": overview}
-    return render_page(request, "fleet/overview.html", context, fragment="fleet-grid")
+    return render_page(request, "console/overview.html", context, fragment="fleet-grid")
 
 
 @require_GET
@@ -70,7 +71,7 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
         "capacity_sets": selectors.capacity_sets_with_totals(),
         "standalone_pools": selectors.standalone_pools(),
     }
-    return render_page(request, "fleet/capacity_set_list.html", context, fragment="set-table")
+    return render_page(request, "console/capacity_set_list.html", context, fragment="set-table")
 
 
 @require_GET
@@ -79,7 +80,7 @@ def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
     """The set: its arbiter (mode, pool bars, latest plan, history, what-if; gpucap.plans.views)
     and its nodes. A fixed number of queries whatever the set's size."""
     context = _set_context(name, whole_page=not wants_fragment(request))
-    return render_page(request, "fleet/capacity_set_detail.html", context, fragment="set-live")
+    return render_page(request, "console/capacity_set_detail.html", context, fragment="set-live")
 
 
 @require_POST
@@ -96,7 +97,7 @@ def capacity_set_drain(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("fleet:capacity-set-detail", name=name)
     context = {**_set_context(name, whole_page=not wants_fragment(request)), "error": error}
     return render_page(
-        request, "fleet/capacity_set_detail.html", context, fragment="set-live", status=status
+        request, "console/capacity_set_detail.html", context, fragment="set-live", status=status
     )
 
 
@@ -136,7 +137,9 @@ def _set_context(name: str, *, whole_page: bool = True) -> dict:
 @operator_required
 def node_detail(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
-    return render_page(request, "fleet/node_detail.html", _node_context(tile), fragment="node-live")
+    return render_page(
+        request, "console/node_detail.html", _node_context(tile), fragment="node-live"
+    )
 
 
 @require_POST
@@ -172,7 +175,7 @@ def _node_change_state(request: HttpRequest, cluster: str, hostname: str, change
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
     context = {**_node_context(tile), "error": error}
     return render_page(
-        request, "fleet/node_detail.html", context, fragment="node-live", status=status
+        request, "console/node_detail.html", context, fragment="node-live", status=status
     )
 
 

@@ -1,7 +1,8 @@
 from django.urls import path
 
-from gpucap.fleet import views
+from gpucap.console import views
 
+# The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
 
 urlpatterns = [
