@@ -4,7 +4,7 @@ One translation serves both places the arbiter plans:
 
 - a capacity set (`capacity_set_snapshot`): the set's nodes and pools, with the pools' real
   kinds (inference replicas may be reclaimed down to their floors);
-- the standalone nodes of a cluster, per hardware class (`gpucap.rentals.placement`): there
+- the standalone nodes of a cluster, per hardware class (`gpucap.plans.standalone`): there
   on-demand and inference pools enter as ``on_demand``, so only spot VMs can be preempted.
 
 What goes in:

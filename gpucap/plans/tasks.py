@@ -3,7 +3,11 @@
 - ``plans.replan``: a debounced tick of one set after a change (`gpucap.plans.triggers`);
 - ``plans.tick_all`` (beat, every ``PLANS_INTERVAL_SECONDS``): a tick of every set, so plans
   stay current and approved placements complete even if a message is lost;
-- ``plans.prune`` (beat, hourly): bounded plan history.
+- ``plans.prune`` (beat, hourly): bounded plan history;
+- ``rentals.standalone_place``: placement outside capacity sets (`gpucap.plans.standalone`),
+  sent by the rentals services and the reconciler. Its name is older than its home and stays:
+  a task's name is what queued messages carry, and a renamed task would strand them during a
+  rolling upgrade.
 
 Two ticks of one set wait for each other on the set's advisory lock. A tick that loses a
 PostgreSQL deadlock (a VM transition locking the same rows the other way round) is retried.
@@ -15,7 +19,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from gpucap.fleet.models import CapacitySet
-from gpucap.plans import services
+from gpucap.plans import services, standalone
 from gpucap.plans.models import Plan
 from gpucap.plans.triggers import replan_release
 
@@ -54,3 +58,9 @@ def _tick(task, capacity_set_id: int, trigger: str) -> int | None:
         logger.warning("tick of capacity set %s: %s; retrying", capacity_set_id, exc)
         raise task.retry(exc=exc, countdown=1 + task.request.retries) from exc
     return result.plan.pk if result.plan is not None else None
+
+
+@shared_task(name="rentals.standalone_place")
+def standalone_place(cluster_id: int) -> None:
+    """Place the pending VMs of a cluster's standalone pools on free capacity."""
+    standalone.standalone_place(cluster_id=cluster_id)

@@ -30,7 +30,7 @@ from gpucap.drivers.base import (
 )
 from gpucap.drivers.registry import driver_for
 from gpucap.fleet.models import Node
-from gpucap.rentals import placement, services
+from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.reconcile import vm_driver_lock, vms_reconcile
 
@@ -150,12 +150,6 @@ def vm_destroy_left(self, vm_id: int, node_id: int, polls: int = 0, failures: in
         except DriverError as exc:
             logger.error("%s: %s refused to destroy what it had of it: %s", vm, node, exc)
     return None
-
-
-@shared_task(name="rentals.standalone_place")
-def standalone_place(cluster_id: int) -> None:
-    """Place the pending VMs of a cluster's standalone pools on free capacity."""
-    placement.standalone_place(cluster_id=cluster_id)
 
 
 @shared_task(name="rentals.reconcile")

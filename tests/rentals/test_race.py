@@ -16,7 +16,8 @@ from gpucap import arbiter
 from gpucap.audit.models import AuditEvent
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
-from gpucap.rentals import placement, services
+from gpucap.plans import standalone as placement
+from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.usage.models import UsageInterval
 

@@ -410,18 +410,7 @@ def test_destroy_retries_a_host_that_does_not_answer(vm_in, sim, fast_boot):
     assert on_hypervisor(sim, vm) is None
 
 
-# --- rentals.standalone_place and rentals.reconcile ---------------------------------------------
-
-
-def test_standalone_place_task_calls_the_placement(monkeypatch, db):
-    placed = []
-    monkeypatch.setattr(
-        tasks.placement, "standalone_place", lambda *, cluster_id: placed.append(cluster_id)
-    )
-
-    tasks.standalone_place.apply(args=[7])
-
-    assert placed == [7]
+# --- rentals.reconcile (rentals.standalone_place: tests/plans/test_standalone.py) ----------------
 
 
 def test_the_reconciler_runs_on_beat(settings):

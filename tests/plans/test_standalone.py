@@ -1,4 +1,4 @@
-"""Placement outside capacity sets (``gpucap.rentals.placement.standalone_place``): pending VMs
+"""Placement outside capacity sets (``gpucap.plans.standalone.standalone_place``): pending VMs
 of standalone pools go to free capacity of the cluster's standalone nodes of their pool's GPU
 model and fabric, by rank then request time; a higher-ranked placement may stop a standalone
 spot VM at once, without notice, and waits for it; everything else waits in ``pending``."""
@@ -15,12 +15,15 @@ from gpucap.audit.models import AuditEvent
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Gpu, Node, Pool
 from gpucap.inference import services as inference
+from gpucap.plans import tasks as plan_tasks
+from gpucap.plans.standalone import PlacementResult, standalone_place
 from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
-from gpucap.rentals.placement import PlacementResult, standalone_place
 from gpucap.usage.models import UsageInterval
+from tests.rentals import conftest as rentals_fixtures
 
 State = VirtualMachine.State
+sent_tasks = rentals_fixtures.sent_tasks  # every task a service sends, recorded
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHN0YW5kYWxvbmU placer@laptop"
 A100 = {"gpu_model": "A100-SXM4-80GB", "fabric": "nvswitch"}
 # A Fabric Manager table whose 2-GPU partitions are not adjacent indices.
@@ -205,7 +208,7 @@ def test_a_vm_waits_when_only_other_models_are_free(east, caplog):
     fleet.node_cordon(node=east.nodes["a100-002"])
     vm = east.request("a100-standalone", 1)  # the L4 box is free, but it is not an A100
 
-    with caplog.at_level(logging.INFO, logger="gpucap.rentals.placement"):
+    with caplog.at_level(logging.INFO, logger="gpucap.plans.standalone"):
         result = east.place()
 
     assert fresh(vm).state == State.PENDING and held(vm) is None
@@ -292,7 +295,7 @@ def test_on_demand_and_inference_vms_are_never_preempted(east, caplog):
     urgent = east.request("a100-standalone", 8)  # rank 1: outranks both
     before = world()
 
-    with caplog.at_level(logging.INFO, logger="gpucap.rentals.placement"):
+    with caplog.at_level(logging.INFO, logger="gpucap.plans.standalone"):
         result = east.place()
 
     assert (result.placed, result.preempted, result.waiting) == ([], [], [])
@@ -485,3 +488,14 @@ def test_running_placement_twice_changes_nothing_the_second_time(east):
 
     assert not second.changed and second.waiting == []
     assert world() == before
+
+
+def test_standalone_place_task_calls_the_placement(monkeypatch, db):
+    placed = []
+    monkeypatch.setattr(
+        plan_tasks.standalone, "standalone_place", lambda *, cluster_id: placed.append(cluster_id)
+    )
+
+    plan_tasks.standalone_place.apply(args=[7])
+
+    assert placed == [7]
