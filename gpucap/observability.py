@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from gpucap import metrics
+from gpucap.celery import app
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.fleet.selectors import with_holders
 from gpucap.inference.models import InferenceDeployment
@@ -160,8 +161,6 @@ class SharedCountersCollector:
 def _task_names() -> tuple[str, ...]:
     """Every gpucap task, once per process: a web process imports the task modules a worker
     would (the tasks it only sends by name are not imported otherwise)."""
-    from gpucap.celery import app
-
     app.loader.import_default_modules()
     return tuple(sorted(name for name in app.tasks if not name.startswith("celery.")))
 

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.db import OperationalError
 from django.utils import timezone
 
+from gpucap.celery import app
 from gpucap.notices import cache, drains, services
 from gpucap.notices.models import InterruptionNotice
 
@@ -29,8 +30,6 @@ def deadline_stop(notice_id: int) -> bool:
     if notice.deadline > now:
         # Delivered early (clock skew between hosts, a broker that ignored the eta): the guest
         # was promised until the deadline, so wait for the rest of it rather than stop now.
-        from gpucap.celery import app
-
         app.send_task("notices.deadline_stop", args=[notice_id], eta=notice.deadline)
         return False
     return services.notice_deadline_reached(notice=notice, now=now)

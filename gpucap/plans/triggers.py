@@ -14,6 +14,8 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from gpucap.celery import app
+
 _client: redis.Redis | None = None
 # How long a claim outlives its countdown before it expires on its own (a lost message).
 _CLAIM_MARGIN_SECONDS = 30
@@ -32,8 +34,6 @@ def replan_release(capacity_set_id: int) -> None:
 
 
 def _send(capacity_set_id: int, countdown: float | None) -> None:
-    from gpucap.celery import app
-
     delay = settings.PLANS_DEBOUNCE_SECONDS if countdown is None else countdown
     claimed = _redis().set(
         _key(capacity_set_id), "1", nx=True, ex=int(delay) + _CLAIM_MARGIN_SECONDS
