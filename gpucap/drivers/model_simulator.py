@@ -27,13 +27,14 @@ import hashlib
 import json
 import secrets
 import time
-import weakref
 from collections import Counter
 
 import redis.asyncio as aioredis
 from django.conf import settings
 
 from gpucap.drivers.simulated import replica_dead_key
+from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json
+from gpucap.edge.loops import PerLoop
 
 PREFIX = "/simulated/replicas/"
 MODEL = "gpucap-simulator"
@@ -295,19 +296,14 @@ async def _more(send, body: bytes) -> None:
 
 
 async def _payload(receive) -> dict:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise SimulatorError(400, "the client went away before sending its request")
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > BODY_LIMIT:
-            raise SimulatorError(413, f"the request body is over {BODY_LIMIT // 1024} KiB")
-        if not message.get("more_body"):
-            break
     try:
-        payload = json.loads(b"".join(chunks))
+        body = await read_body(receive, limit=BODY_LIMIT)
+    except ClientGone:
+        raise SimulatorError(400, "the client went away before sending its request") from None
+    except BodyTooLarge:
+        raise SimulatorError(413, f"the request body is over {BODY_LIMIT // 1024} KiB") from None
+    try:
+        payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise SimulatorError(400, "the request body must be JSON") from None
     if not isinstance(payload, dict):
@@ -351,7 +347,7 @@ def _number(headers: dict, name: bytes, default: float) -> float:
 
 async def _dead(instance_id: str) -> bool:
     namespace = settings.DATABASES["default"]["NAME"]
-    return bool(await _redis().exists(replica_dead_key(namespace, instance_id)))
+    return bool(await _redis.get().exists(replica_dead_key(namespace, instance_id)))
 
 
 async def _drop_connection(receive, send, instance_id: str) -> None:
@@ -378,36 +374,8 @@ def _error_body(error: SimulatorError) -> dict:
 
 
 async def _json(send, status: int, payload: dict) -> None:
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    # Compact, as its streamed chunks are (_event).
+    await send_json(send, status, payload, compact=True)
 
 
-_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _redis() -> aioredis.Redis:
-    """One client per event loop (a server process has one; tests start several)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        client = _clients[loop] = aioredis.Redis.from_url(settings.REDIS_URL)
-    return client
-
-
-async def clients_close() -> None:
-    """At server shutdown: close this event loop's Redis client."""
-    client = _clients.pop(asyncio.get_running_loop(), None)
-    if client is not None:
-        await client.aclose()
+_redis: PerLoop[aioredis.Redis] = PerLoop(lambda: aioredis.Redis.from_url(settings.REDIS_URL))

@@ -44,12 +44,13 @@ import itertools
 import json
 import logging
 import time
-import weakref
 from functools import lru_cache
 from urllib.parse import quote
 
 from django.conf import settings
 
+from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json
+from gpucap.edge.loops import PerLoop
 from gpucap.inference import cache
 from gpucap.inference.keys import key_matches, key_parse
 from gpucap.inference.redis_batch import (
@@ -125,7 +126,7 @@ async def router_app(scope, receive, send) -> None:
                 authorization = value
                 break
         prefix, secret = _bearer(authorization)
-        clients = _clients_here()
+        clients = _clients.get()
         redis = clients.redis
         route_key, key_key = cache.route_key(slug), cache.api_key_key(prefix)
         route = redis.copies.get(route_key, _MISSING)
@@ -138,7 +139,7 @@ async def router_app(scope, receive, send) -> None:
         status = await handler(scope, receive, send, route, rest, prefix, clients)
     except Refusal as refusal:
         status = refusal.status
-        await _json(send, refusal.status, refusal.body(), headers=refusal.headers)
+        await send_json(send, refusal.status, refusal.body(), headers=refusal.headers)
     except RedisUnavailable as error:
         log.error("inference router: %s", error)
         unavailable = Refusal(
@@ -148,7 +149,7 @@ async def router_app(scope, receive, send) -> None:
             code="router_unavailable",
         )
         status = 503
-        await _json(send, 503, unavailable.body(), headers=_retry_after())
+        await send_json(send, 503, unavailable.body(), headers=_retry_after())
     _counted(label, status, time.perf_counter() - started)
 
 
@@ -340,7 +341,7 @@ def _key_parse(raw: bytes | None) -> dict | None:
 
 
 async def models_list(scope, receive, send, route, rest, prefix, clients) -> int:
-    await _json(send, 200, {"object": "list", "data": [_model(route)]})
+    await send_json(send, 200, {"object": "list", "data": [_model(route)]})
     _key_used(clients.redis, prefix)
     return 200
 
@@ -349,7 +350,7 @@ async def model_retrieve(scope, receive, send, route, rest, prefix, clients) -> 
     asked = rest.removeprefix("/v1/models/")
     if asked != route.model and asked != quote(route.model, safe=""):
         raise _model_not_found(asked)
-    await _json(send, 200, _model(route))
+    await send_json(send, 200, _model(route))
     _key_used(clients.redis, prefix)
     return 200
 
@@ -801,33 +802,12 @@ def _counted(deployment: str, status: int, seconds: float) -> None:
 
 
 async def _body(receive) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise Refusal(400, "The client went away before sending its request.")
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > BODY_LIMIT:
-            raise Refusal(413, f"The request body is over {BODY_LIMIT // (1024 * 1024)} MiB.")
-        if not message.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _json(send, status: int, payload: dict, *, headers=()) -> None:
-    body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    try:
+        return await read_body(receive, limit=BODY_LIMIT)
+    except ClientGone:
+        raise Refusal(400, "The client went away before sending its request.") from None
+    except BodyTooLarge:
+        raise Refusal(413, f"The request body is over {BODY_LIMIT // (1024 * 1024)} MiB.") from None
 
 
 def _abort(send) -> None:
@@ -843,7 +823,7 @@ def _abort(send) -> None:
 
 class _Clients:
     """A process's Redis connection, its replica connections and its watched requests, for one
-    event loop."""
+    event loop (``_clients``; the lifespan's shutdown closes them, gpucap.edge.loops)."""
 
     def __init__(self) -> None:
         self.redis = RedisBatch(
@@ -853,39 +833,15 @@ class _Clients:
         self.replicas = ReplicaPool()
         self.watches = _Watches()
 
-
-_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clients]" = (
-    weakref.WeakKeyDictionary()
-)
-_last: tuple = (None, None)  # the last (loop, clients): a server process has one loop
-
-
-def _clients_here() -> _Clients:
-    """One set per event loop (a server process has one; tests start several)."""
-    global _last
-    loop = asyncio.get_running_loop()
-    if _last[0] is loop:
-        return _last[1]
-    clients = _clients.get(loop)
-    if clients is None:
-        clients = _clients[loop] = _Clients()
-    _last = (loop, clients)
-    return clients
-
-
-async def clients_close() -> None:
-    """At server shutdown: close this event loop's clients."""
-    global _last
-    loop = asyncio.get_running_loop()
-    clients = _clients.pop(loop, None)
-    if _last[0] is loop:
-        _last = (None, None)
-    if clients is not None:
-        closing = [*clients.replicas.close(), *clients.redis.close()]
+    async def aclose(self) -> None:
+        closing = [*self.replicas.close(), *self.redis.close()]
         if closing:
             # Let the closes happen while the loop runs: a transport left to the garbage
             # collector after its loop ended may close a file descriptor reused meanwhile.
             await asyncio.wait(closing, timeout=5)
+
+
+_clients: PerLoop[_Clients] = PerLoop(_Clients)
 
 
 _ROUTES = {

@@ -20,7 +20,6 @@ import ipaddress
 import json
 import time
 import uuid
-import weakref
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from functools import lru_cache
@@ -30,6 +29,8 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json, send_text
+from gpucap.edge.loops import PerLoop, lifespan
 from gpucap.metrics import METADATA_LATENCY, METADATA_REQUESTS
 from gpucap.notices.cache import metadata_key
 
@@ -48,7 +49,8 @@ def metadata_front(django_app):
         if scope["type"] == "http" and scope["path"].startswith(PREFIXES):
             await metadata_app(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            # Its shutdown closes every app's clients of the loop (gpucap.edge.loops).
+            await lifespan(receive, send)
         else:
             await django_app(scope, receive, send)
 
@@ -422,71 +424,35 @@ class _Request:
         return {name: values[-1] for name, values in parsed.items()}
 
     async def body(self) -> bytes:
-        chunks, size = [], 0
-        while True:
-            message = await self.receive()
-            if message["type"] != "http.request":
-                return b""
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > BODY_LIMIT or not message.get("more_body"):
-                return b"".join(chunks)[:BODY_LIMIT]
+        """The body, cut at BODY_LIMIT (a longer one then fails to parse as JSON); empty when
+        the guest went away."""
+        try:
+            return await read_body(self.receive, limit=BODY_LIMIT)
+        except ClientGone:
+            return b""
+        except BodyTooLarge as error:
+            return error.received[:BODY_LIMIT]
 
 
 async def _document(address: str) -> dict | None:
-    raw = await _redis().get(metadata_key(address))
+    raw = await _redis.get().get(metadata_key(address))
     return None if raw is None else json.loads(raw)
 
 
-_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = (
-    weakref.WeakKeyDictionary()
+_redis: PerLoop[aioredis.Redis] = PerLoop(
+    lambda: aioredis.Redis.from_url(settings.METADATA_REDIS_URL)
 )
 
-
-def _redis() -> aioredis.Redis:
-    """One client per event loop (a server process has one; tests start several)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        client = _clients[loop] = aioredis.Redis.from_url(settings.METADATA_REDIS_URL)
-    return client
-
-
-async def _lifespan(receive, send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            client = _clients.pop(asyncio.get_running_loop(), None)
-            if client is not None:
-                await client.aclose()
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+# Every answer is the guest's own and of this moment: no cache on the way may keep it.
+_NO_STORE = ((b"cache-control", b"no-store"),)
 
 
 async def _text(send, status: int, body: str, *, headers=()) -> None:
-    await _send(send, status, body.encode(), b"text/plain", headers)
+    await send_text(send, status, body, headers=(*_NO_STORE, *headers))
 
 
 async def _json(send, status: int, payload: dict, *, headers=()) -> None:
-    await _send(send, status, json.dumps(payload).encode(), b"application/json", headers)
-
-
-async def _send(send, status: int, body: bytes, content_type: bytes, headers) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, payload, headers=(*_NO_STORE, *headers))
 
 
 def _parse_z(moment: str) -> datetime:
