@@ -29,10 +29,12 @@ document (beat), so a lost publish heals within one interval.
 """
 
 import json
+from collections.abc import Iterable
 
 import redis
 from django.conf import settings
-from django.db import transaction
+
+from gpucap.cache_flush import publish_on_commit
 
 PREFIX = "gpucap:inference:"
 _client: redis.Redis | None = None
@@ -104,35 +106,57 @@ def key_document(api_key) -> dict:
 
 
 def route_publish_on_commit(deployment_id: int) -> None:
-    transaction.on_commit(lambda: route_publish(deployment_id), robust=True)
+    """Publish this deployment's route once the transaction commits, in one flush with every
+    other route named in the same transaction (gpucap/cache_flush.py)."""
+    publish_on_commit("inference-routes", deployment_id, route_publish_many)
 
 
 def route_publish(deployment_id: int) -> None:
     """Write one deployment's route document from the database as it is now."""
+    route_publish_many({deployment_id})
+
+
+def route_publish_many(deployment_ids: Iterable[int]) -> None:
+    """Write these deployments' route documents from the database as it is now, in one
+    pipelined round trip."""
     from gpucap.inference.models import InferenceDeployment
 
-    deployment = (
+    deployments = list(
         InferenceDeployment.objects.select_related("tenant")
         .prefetch_related("replicas")
-        .filter(pk=deployment_id)
-        .first()
+        .filter(pk__in=list(deployment_ids))
     )
-    if deployment is None:
+    if not deployments:
         return
-    document = route_document(deployment, deployment.replicas.all())
-    inference_redis().set(route_key(deployment.slug), json.dumps(document))
+    pipe = inference_redis().pipeline(transaction=False)
+    for deployment in deployments:
+        document = route_document(deployment, deployment.replicas.all())
+        pipe.set(route_key(deployment.slug), json.dumps(document))
+    pipe.execute()
 
 
 def key_publish_on_commit(api_key_id: int) -> None:
-    transaction.on_commit(lambda: key_publish(api_key_id), robust=True)
+    """Publish this API key's document once the transaction commits, with every other key named
+    in the same transaction."""
+    publish_on_commit("inference-keys", api_key_id, key_publish_many)
 
 
 def key_publish(api_key_id: int) -> None:
+    key_publish_many({api_key_id})
+
+
+def key_publish_many(api_key_ids: Iterable[int]) -> None:
     from gpucap.inference.models import ApiKey
 
-    api_key = ApiKey.objects.select_related("tenant", "deployment").filter(pk=api_key_id).first()
-    if api_key is not None:
-        inference_redis().set(api_key_key(api_key.prefix), json.dumps(key_document(api_key)))
+    api_keys = list(
+        ApiKey.objects.select_related("tenant", "deployment").filter(pk__in=list(api_key_ids))
+    )
+    if not api_keys:
+        return
+    pipe = inference_redis().pipeline(transaction=False)
+    for api_key in api_keys:
+        pipe.set(api_key_key(api_key.prefix), json.dumps(key_document(api_key)))
+    pipe.execute()
 
 
 def inference_resync() -> int:

@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class NoticesConfig(AppConfig):
     name = "gpucap.notices"
     verbose_name = "Interruption notices"
+
+    def ready(self) -> None:
+        from gpucap.notices import receivers
+        from gpucap.rentals.signals import vm_transitioned
+
+        vm_transitioned.connect(
+            receivers.notices_follow_vm, dispatch_uid="notices.notices_follow_vm"
+        )

@@ -8,11 +8,13 @@ a lost publish heals within one sweep interval.
 """
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
-from django.db import transaction
+
+from gpucap.cache_flush import publish_on_commit
 
 KEY_PREFIX = "gpucap:imds:ip:"
 _client: redis.Redis | None = None
@@ -48,28 +50,39 @@ def utc_z(moment: datetime) -> str:
 
 
 def metadata_publish_on_commit(vm_id: int) -> None:
-    transaction.on_commit(lambda: metadata_publish(vm_id))
+    """Publish this VM's document once the transaction commits, in one flush with every other
+    VM named in the same transaction (gpucap/cache_flush.py)."""
+    publish_on_commit("metadata", vm_id, metadata_publish_many)
 
 
 def metadata_publish(vm_id: int) -> None:
     """Write (or remove) the metadata of one VM as the database says now."""
+    metadata_publish_many({vm_id})
+
+
+def metadata_publish_many(vm_ids: Iterable[int]) -> None:
+    """Write (or remove) the metadata of these VMs as the database says now, in one pipelined
+    round trip."""
     from gpucap.notices.models import InterruptionNotice
     from gpucap.rentals.models import VirtualMachine
 
-    vm = VirtualMachine.objects.filter(pk=vm_id).first()
-    if vm is None:
+    vms = [vm for vm in VirtualMachine.objects.filter(pk__in=list(vm_ids)) if vm.ip_address]
+    if not vms:
         return
-    client = metadata_redis()
-    if vm.ip_address and vm.state in _SERVED_STATES:
-        notice = InterruptionNotice.objects.filter(vm=vm, completed_at=None).first()
-        client.set(metadata_key(vm.ip_address), json.dumps(metadata_document(vm, notice)))
-        return
-    if vm.ip_address:
-        # Delete only if the key still describes this VM (the address may be reused already).
+    served = [vm.pk for vm in vms if vm.state in _SERVED_STATES]
+    # At most one open notice per VM (a constraint).
+    notices = {
+        n.vm_id: n for n in InterruptionNotice.objects.filter(vm_id__in=served, completed_at=None)
+    }
+    pipe = metadata_redis().pipeline(transaction=False)
+    for vm in vms:
         key = metadata_key(vm.ip_address)
-        current = client.get(key)
-        if current and json.loads(current).get("vm") == vm.instance_id:
-            client.delete(key)
+        if vm.state in _SERVED_STATES:
+            pipe.set(key, json.dumps(metadata_document(vm, notices.get(vm.pk))))
+        else:
+            # Delete only if the key still describes this VM (the address may be reused already).
+            pipe.eval(_DELETE_IF_VM, 1, key, vm.instance_id)
+    pipe.execute()
 
 
 def metadata_resync() -> int:
@@ -98,3 +111,11 @@ def metadata_resync() -> int:
 
 # A guest can ask while it runs, is notified or is shutting down.
 _SERVED_STATES = ("running", "notified", "stopping")
+# Deletes KEYS[1] if its document is the one of VM ARGV[1], in the same round trip as the writes.
+_DELETE_IF_VM = """
+local current = redis.call('GET', KEYS[1])
+if current and cjson.decode(current)['vm'] == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

@@ -5,9 +5,9 @@ A drain moves the node to ``draining`` (no new placements) and gives every runni
 inference replica on it a ``drain`` notice. On-demand VMs are never stopped by a drain: it waits
 for them, and ``gpucap.notices.selectors.drain_blockers`` shows who holds it up. When no VM holds
 a GPU of the node any more it ends ``cordoned``: checked whenever a VM lets go of its GPUs
-(``rentals.services.vm_transition``) and by the periodic sweep, which also warns VMs that were
-still booting when the drain began. Cancelling a drain is an uncordon; notices already sent keep
-their deadlines. Running any of this twice is harmless.
+(``gpucap.notices.receivers``, on ``vm_transitioned``) and by the periodic sweep, which also
+warns VMs that were still booting when the drain began. Cancelling a drain is an uncordon;
+notices already sent keep their deadlines. Running any of this twice is harmless.
 """
 
 from django.db import transaction

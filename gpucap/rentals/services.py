@@ -1,7 +1,8 @@
 """Every change to a VM goes through here. ``vm_transition`` is the one place a VM changes
-state: it locks the row, refuses an illegal move with a clear error, releases GPUs and closes
-usage when the VM stops holding them, and writes the audit event. Driver work is enqueued after
-commit, never done here."""
+state: it locks the row, refuses an illegal move with a clear error, releases GPUs when the VM
+stops holding them, writes the audit event and sends ``vm_transitioned``
+(gpucap/rentals/signals.py), to which the apps that follow a VM's lifecycle (usage, notices,
+plans, inference) subscribe. Driver work is enqueued after commit, never done here."""
 
 import re
 from collections.abc import Iterable
@@ -16,13 +17,10 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.fleet.services import capacity_set_bump
-from gpucap.inference.cache import route_publish_on_commit
-from gpucap.notices.cache import metadata_publish_on_commit
-from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.rentals.signals import vm_transitioned
 from gpucap.tasks import enqueue_on_commit
 from gpucap.tenancy.models import Tenant
-from gpucap.usage.models import UsageInterval
 
 State = VirtualMachine.State
 StopReason = VirtualMachine.StopReason
@@ -90,15 +88,19 @@ def vm_transition(
     locked.state = to
     locked.save()
     if before["state"] in HOLDING and to not in HOLDING:
-        _release(locked, at=now)
-        _node_freed(locked.node_id)
+        Allocation.objects.filter(vm=locked, released_at=None).update(released_at=now)
     audit_record(
         actor=actor, verb=f"vm.{to}", target=locked, before=before, after=after, message=message
     )
-    _plan_inputs_changed(locked)
-    metadata_publish_on_commit(locked.pk)
-    if locked.deployment_id is not None:
-        route_publish_on_commit(locked.deployment_id)  # the router sends only to running ones
+    # Usage, notices, plans and inference follow from here, each in its own app.
+    vm_transitioned.send(
+        sender=VirtualMachine,
+        vm=locked,
+        old=before["state"],
+        new=to,
+        now=now,
+        node_id=locked.node_id,
+    )
     vm.__dict__.update(locked.__dict__)
     return locked
 
@@ -111,27 +113,8 @@ def _plain(value):
     return value
 
 
-def _release(vm: VirtualMachine, *, at) -> None:
-    Allocation.objects.filter(vm=vm, released_at=None).update(released_at=at)
-    UsageInterval.objects.filter(vm=vm, ended_at=None).update(ended_at=at)
-    # An open notice ends when the VM stops holding its GPUs, however that came about.
-    InterruptionNotice.objects.filter(vm=vm, completed_at=None, outcome="").update(
-        completed_at=at, outcome=InterruptionNotice.Outcome.ENDED
-    )
-    InterruptionNotice.objects.filter(vm=vm, completed_at=None).update(completed_at=at)
-
-
-def _node_freed(node_id: int | None) -> None:
-    """A draining node ends cordoned once its last VM let go (gpucap.notices.drains). Checked
-    after commit, under the node's lock, so two VMs leaving at once cannot both miss it."""
-    from gpucap.notices.drains import node_drain_finish
-
-    if node_id is not None:
-        transaction.on_commit(lambda: node_drain_finish(node_id=node_id), robust=True)
-
-
 def _plan_inputs_changed(vm: VirtualMachine) -> None:
-    """A VM's move changes demand or free capacity: bump its set's generation."""
+    """A new VM's demand can alter a plan: bump its set's generation."""
     capacity_set_id = Pool.objects.filter(pk=vm.pool_id).values_list("capacity_set_id", flat=True)
     capacity_set_bump(capacity_set_id=capacity_set_id.first())
 
@@ -154,7 +137,7 @@ def vm_request(
     demand_group: str = "",
 ) -> VirtualMachine:
     """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found. Inference
-    replicas are asked for by `gpucap.inference.services` (``deployment``, and a
+    replicas are asked for by the inference services (``deployment``, and a
     ``demand_group`` shared by the replicas of one scale-up step)."""
     errors: dict[str, str] = {}
     if not pool.tenants.filter(pk=tenant.pk).exists():
@@ -251,16 +234,9 @@ def vm_place(
             f"GPUs {indices} of {node.hostname} are no longer free", code="gpus_taken"
         ) from None
     left = vm.node_id if vm.node_id not in (None, node.pk) else None
+    # Its usage interval opens with the move (a receiver of vm_transitioned).
     placed = vm_transition(
         vm=vm, to=State.PROVISIONING, actor=actor, message=message, node=node, failure_reason=""
-    )
-    UsageInterval.objects.create(
-        tenant_id=placed.tenant_id,
-        vm=placed,
-        pool_kind=placed.pool.kind,
-        gpu_model=node.gpu_model,
-        gpu_count=placed.gpu_count,
-        started_at=timezone.now(),
     )
     enqueue_on_commit("rentals.vm_provision", placed.pk)
     if left is not None:

@@ -1,0 +1,32 @@
+"""Notices follow the VM lifecycle (``vm_transitioned``, gpucap/rentals/signals.py): an open
+notice ends when its VM lets go of its GPUs, a draining node may then end cordoned, and the
+guest's metadata document shows the VM as it is now."""
+
+from django.db import transaction
+
+from gpucap.notices.cache import metadata_publish_on_commit
+from gpucap.notices.drains import node_drain_finish
+from gpucap.notices.models import InterruptionNotice
+from gpucap.rentals.services import HOLDING
+
+
+def notices_follow_vm(sender, *, vm, old: str, new: str, now, node_id, **kwargs) -> None:
+    if old in HOLDING and new not in HOLDING:
+        _notices_end(vm, at=now)
+        _node_freed(node_id)
+    metadata_publish_on_commit(vm.pk)
+
+
+def _notices_end(vm, *, at) -> None:
+    """An open notice ends when the VM stops holding its GPUs, however that came about."""
+    InterruptionNotice.objects.filter(vm=vm, completed_at=None, outcome="").update(
+        completed_at=at, outcome=InterruptionNotice.Outcome.ENDED
+    )
+    InterruptionNotice.objects.filter(vm=vm, completed_at=None).update(completed_at=at)
+
+
+def _node_freed(node_id: int | None) -> None:
+    """A draining node ends cordoned once its last VM let go (gpucap.notices.drains). Checked
+    after commit, under the node's lock, so two VMs leaving at once cannot both miss it."""
+    if node_id is not None:
+        transaction.on_commit(lambda: node_drain_finish(node_id=node_id), robust=True)
