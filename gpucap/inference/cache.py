@@ -35,6 +35,8 @@ import redis
 from django.conf import settings
 
 from gpucap.cache_flush import publish_on_commit
+from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.rentals.models import VirtualMachine
 
 PREFIX = "gpucap:inference:"
 _client: redis.Redis | None = None
@@ -76,7 +78,6 @@ def used_key(prefix: str) -> str:
 
 
 def route_document(deployment, replicas) -> dict:
-    from gpucap.rentals.models import VirtualMachine
 
     return {
         "deployment": deployment.pk,
@@ -119,8 +120,6 @@ def route_publish(deployment_id: int) -> None:
 def route_publish_many(deployment_ids: Iterable[int]) -> None:
     """Write these deployments' route documents from the database as it is now, in one
     pipelined round trip."""
-    from gpucap.inference.models import InferenceDeployment
-
     deployments = list(
         InferenceDeployment.objects.select_related("tenant")
         .prefetch_related("replicas")
@@ -146,7 +145,6 @@ def key_publish(api_key_id: int) -> None:
 
 
 def key_publish_many(api_key_ids: Iterable[int]) -> None:
-    from gpucap.inference.models import ApiKey
 
     api_keys = list(
         ApiKey.objects.select_related("tenant", "deployment").filter(pk__in=list(api_key_ids))
@@ -161,8 +159,6 @@ def key_publish_many(api_key_ids: Iterable[int]) -> None:
 
 def inference_resync() -> int:
     """Rewrite every route and key document from the database. Returns how many."""
-    from gpucap.inference.models import ApiKey, InferenceDeployment
-
     pipe = inference_redis().pipeline(transaction=False)
     count = 0
     for deployment in InferenceDeployment.objects.select_related("tenant").prefetch_related(

@@ -15,6 +15,8 @@ import redis
 from django.conf import settings
 
 from gpucap.cache_flush import publish_on_commit
+from gpucap.notices.models import InterruptionNotice
+from gpucap.rentals.models import VirtualMachine
 
 KEY_PREFIX = "gpucap:imds:ip:"
 _client: redis.Redis | None = None
@@ -63,9 +65,6 @@ def metadata_publish(vm_id: int) -> None:
 def metadata_publish_many(vm_ids: Iterable[int]) -> None:
     """Write (or remove) the metadata of these VMs as the database says now, in one pipelined
     round trip."""
-    from gpucap.notices.models import InterruptionNotice
-    from gpucap.rentals.models import VirtualMachine
-
     vms = [vm for vm in VirtualMachine.objects.filter(pk__in=list(vm_ids)) if vm.ip_address]
     if not vms:
         return
@@ -87,9 +86,6 @@ def metadata_publish_many(vm_ids: Iterable[int]) -> None:
 
 def metadata_resync() -> int:
     """Rebuild every key from the database; returns how many VMs are served."""
-    from gpucap.notices.models import InterruptionNotice
-    from gpucap.rentals.models import VirtualMachine
-
     notices = {n.vm_id: n for n in InterruptionNotice.objects.filter(completed_at=None)}
     served = VirtualMachine.objects.filter(state__in=_SERVED_STATES).exclude(ip_address=None)
     documents = {
