@@ -30,8 +30,6 @@ NODE_STATES = ("ready", "cordoned", "draining", "down")
 POOL_KINDS = ("on_demand", "spot", "inference")
 VM_STATES = ("running", "notified")
 
-# Block sizes a VM or demand may ask for, per fabric (DESIGN.md section 2).
-BLOCK_SIZES = {"pcie": (1,), "nvswitch": (1, 2, 4, 8)}
 MAX_NODE_GPUS = 8
 
 

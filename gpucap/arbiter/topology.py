@@ -10,16 +10,21 @@ always adjacent indices, and guessing them by arithmetic breaks NVLink inside th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from gpucap.arbiter.model import BLOCK_SIZES, Node
+from gpucap.arbiter.model import Node
 
 Partition = tuple[int, ...]
 
+# The sizes of an NVLink partition, and so the block sizes a VM or demand may ask for, per
+# fabric. This is the only place they are written down: fleet, rentals and plans ask here.
+NVLINK_PARTITION_SIZES = (1, 2, 4, 8)
+BLOCK_SIZES = {"pcie": (1,), "nvswitch": NVLINK_PARTITION_SIZES}
+
 # Where each block size counts in a best-fit key (planner, search): breaking a free 8 weighs
 # most.
-FIT_SLOT = {8: 0, 4: 1, 2: 2, 1: 3}
+FIT_SLOT = {size: slot for slot, size in enumerate(sorted(NVLINK_PARTITION_SIZES, reverse=True))}
 
 
 def block_sizes(fabric: str) -> tuple[int, ...]:
@@ -48,7 +53,7 @@ def gpu_count_problem(fabric: str, gpu_count: int) -> str | None:
 def default_partitions(gpus: int) -> tuple[Partition, ...]:
     """The default NVSwitch table for a node with ``gpus`` GPUs, largest partitions first."""
     table = []
-    for size in (8, 4, 2, 1):
+    for size in sorted(NVLINK_PARTITION_SIZES, reverse=True):
         if size <= gpus:
             table.extend(
                 tuple(range(start, start + size)) for start in range(0, gpus - size + 1, size)
@@ -70,6 +75,18 @@ def partition_table(node: Node, fabric: str) -> tuple[Partition, ...]:
     return default_partitions(node.gpus)
 
 
+def node_partitions(
+    *, fabric: str, gpu_count: int, partitions: Sequence[Sequence[int]] | None
+) -> tuple[Partition, ...]:
+    """`partition_table` from plain data, for callers that hold a node's fields rather than an
+    arbiter `Node`: a node's own table (``partitions``; empty or None for the default one)."""
+    if fabric == "pcie":
+        return single_cards(gpu_count)
+    if partitions:
+        return tuple(tuple(sorted(block)) for block in partitions)
+    return default_partitions(gpu_count)
+
+
 def placeable_partitions(node: Node, fabric: str, size: int) -> list[Partition]:
     """Partitions of ``size`` GPUs that may take a new placement: none on a node that is not
     ready, and none that contains a failed GPU. Occupancy is not considered here."""
@@ -89,3 +106,79 @@ def gpu_mask(gpus: Iterable[int]) -> int:
     for index in gpus:
         mask |= 1 << index
     return mask
+
+
+# --- checking a partition table -----------------------------------------------------------------
+# Two readers word the same rules for their own audience: an operator entering a node's table
+# (fleet services and fleet files) and a snapshot file (`validation`).
+
+
+def partition_table_problems(partitions: object, gpu_count: int) -> list[str]:
+    """What is wrong with a partition table an operator entered for a node of ``gpu_count``
+    GPUs (empty: nothing).
+
+    A table lists NVLink partitions as lists of GPU indices, as Fabric Manager reports them.
+    Each partition has 1, 2, 4 or 8 distinct GPUs of the node, and no partition is listed twice.
+    """
+    if not isinstance(partitions, list) or not partitions:
+        return ["must be a non-empty list of partitions (lists of GPU indices)"]
+    problems = []
+    seen = set()
+    for position, block in enumerate(partitions):
+        label = f"partition {position + 1}"
+        if not isinstance(block, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in block
+        ):
+            problems.append(f"{label} must be a list of GPU indices")
+            continue
+        if not _is_partition_size(len(block)) or len(block) > gpu_count:
+            problems.append(
+                f"{label} {block} has {len(block)} GPUs; a partition has 1, 2, 4 or 8 GPUs "
+                f"and at most the node's {gpu_count}"
+            )
+        out_of_range = _out_of_range(block, gpu_count)
+        if out_of_range:
+            problems.append(
+                f"{label} {block} names GPU {out_of_range[0]}, outside 0..{gpu_count - 1}"
+            )
+        if _names_a_gpu_twice(block):
+            problems.append(f"{label} {block} names a GPU twice")
+        key = tuple(sorted(block))
+        if key in seen:
+            problems.append(f"{label} {block} is listed twice")
+        seen.add(key)
+    return problems
+
+
+def snapshot_table_problems(partitions: Iterable[Sequence[int]], gpu_count: int) -> list[str]:
+    """What is wrong with a node's partition table in a snapshot: at most one problem a
+    partition, named by its place in the file (``partitions[2] [0, 1, 2]``)."""
+    problems = []
+    seen: set[tuple[int, ...]] = set()
+    for position, block in enumerate(partitions):
+        where = f"partitions[{position}] {list(block)}"
+        if not block:
+            problems.append(f"{where} is empty")
+            continue
+        if _out_of_range(block, gpu_count):
+            problems.append(f"{where} out of range for a node with {gpu_count} GPUs")
+        elif _names_a_gpu_twice(block):
+            problems.append(f"{where} lists a GPU twice")
+        elif not _is_partition_size(len(block)):
+            problems.append(f"{where} has {len(block)} GPUs; partitions have 1, 2, 4 or 8")
+        elif tuple(sorted(block)) in seen:
+            problems.append(f"{where} appears twice in the table")
+        seen.add(tuple(sorted(block)))
+    return problems
+
+
+def _is_partition_size(gpus: int) -> bool:
+    return gpus in NVLINK_PARTITION_SIZES
+
+
+def _out_of_range(block: Sequence[int], gpu_count: int) -> list[int]:
+    return [index for index in block if not 0 <= index < gpu_count]
+
+
+def _names_a_gpu_twice(block: Sequence[int]) -> bool:
+    return len(set(block)) != len(block)

@@ -23,7 +23,12 @@ from gpucap.arbiter.model import (
     Snapshot,
     Vm,
 )
-from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
+from gpucap.arbiter.topology import (
+    gpu_count_problem,
+    gpu_mask,
+    partition_table,
+    snapshot_table_problems,
+)
 
 Labelled = list[tuple[str, object]]
 
@@ -140,28 +145,8 @@ def _check_partition_table(
     key = (node.gpus, node.partitions)
     verdict = verdicts.get(key)
     if verdict is None:
-        verdict = verdicts[key] = _partition_table_problems(node)
+        verdict = verdicts[key] = snapshot_table_problems(node.partitions, node.gpus)
     problems.extend(f"{label}: {problem}" for problem in verdict)
-
-
-def _partition_table_problems(node: Node) -> list[str]:
-    problems = []
-    seen: set[tuple[int, ...]] = set()
-    for position, block in enumerate(node.partitions or ()):
-        where = f"partitions[{position}] {list(block)}"
-        if not block:
-            problems.append(f"{where} is empty")
-            continue
-        if any(not 0 <= index < node.gpus for index in block):
-            problems.append(f"{where} out of range for a node with {node.gpus} GPUs")
-        elif len(set(block)) != len(block):
-            problems.append(f"{where} lists a GPU twice")
-        elif len(block) not in (1, 2, 4, 8):
-            problems.append(f"{where} has {len(block)} GPUs; partitions have 1, 2, 4 or 8")
-        elif tuple(sorted(block)) in seen:
-            problems.append(f"{where} appears twice in the table")
-        seen.add(tuple(sorted(block)))
-    return problems
 
 
 def _check_pools(pools: Labelled, problems: list[str]) -> dict[str, Pool]:

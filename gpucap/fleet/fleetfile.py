@@ -27,11 +27,11 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 
+from gpucap.arbiter.topology import partition_table_problems
 from gpucap.audit.services import Actor
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric, Gpu, Node, Pool
-from gpucap.fleet.topology import partition_table_problems
 from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Membership, Tenant

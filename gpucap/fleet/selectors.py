@@ -22,9 +22,8 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
-from gpucap.arbiter.topology import default_partitions
+from gpucap.arbiter.topology import NVLINK_PARTITION_SIZES, default_partitions
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
-from gpucap.fleet.topology import BLOCK_SIZES
 
 STANDALONE = "standalone"
 
@@ -439,7 +438,7 @@ def partition_table(node: Node) -> PartitionTable | None:
     )
     rows = [
         PartitionRow(size=size, blocks=[b for b in blocks if len(b) == size])
-        for size in sorted(BLOCK_SIZES, reverse=True)
+        for size in sorted(NVLINK_PARTITION_SIZES, reverse=True)
     ]
     return PartitionTable(is_default=is_default, rows=[row for row in rows if row.blocks])
 

@@ -8,13 +8,12 @@ from django.db import transaction
 from django.db.models import F, ProtectedError, RestrictedError, Sum
 from django.utils import timezone
 
+from gpucap.arbiter.topology import partition_table_problems
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric, Gpu, Node, Pool
-from gpucap.fleet.topology import partition_table_problems
 from gpucap.plans.triggers import replan_soon
 
-NVSWITCH_BLOCK_SIZES = (1, 2, 4, 8)
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 

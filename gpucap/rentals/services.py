@@ -11,8 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpucap.arbiter.model import Node as ArbiterNode
-from gpucap.arbiter.topology import gpu_count_problem, partition_table
+from gpucap.arbiter.topology import gpu_count_problem, node_partitions
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
@@ -265,15 +264,8 @@ def _placement_problem(*, vm: VirtualMachine, node: Node, indices: list[int]) ->
         return {"node": f"node {node.hostname} is {node.state}; only ready nodes take new VMs"}
     if len(indices) != vm.gpu_count:
         return {"gpus": f"{vm.instance_id} needs {vm.gpu_count} GPUs, got {len(indices)}"}
-    table = partition_table(
-        ArbiterNode(
-            name=node.hostname,
-            gpus=node.gpu_count,
-            partitions=tuple(tuple(sorted(b)) for b in node.partitions)
-            if node.partitions
-            else None,
-        ),
-        node.fabric,
+    table = node_partitions(
+        fabric=node.fabric, gpu_count=node.gpu_count, partitions=node.partitions
     )
     if tuple(indices) not in {tuple(sorted(block)) for block in table}:
         return {
