@@ -1749,9 +1749,7 @@ def _pools_rerank(
     *, cluster: str, capacity_set: str | None, order: list[str], actor: Actor
 ) -> None:
     if capacity_set is None:
-        fleet.pool_rerank_standalone(
-            cluster=Cluster.objects.get(name=cluster), pool_names=order, actor=actor
-        )
+        fleet.pool_rerank(cluster=Cluster.objects.get(name=cluster), pool_names=order, actor=actor)
     else:
         fleet.pool_rerank(
             capacity_set=CapacitySet.objects.get(name=capacity_set), pool_names=order, actor=actor

@@ -1,0 +1,80 @@
+"""Rules of the fleet that more than one writer checks: the fleet services before they write,
+and a fleet file's diff before it applies anything (gpucap.fleet.fleetfile). Each rule is
+stated once, here; a caller may word the context around it (a file names its keys), never the
+rule itself. Topology rules (block sizes, partition tables) live in gpucap.arbiter.topology."""
+
+from gpucap.arbiter.topology import partition_table_problems
+from gpucap.fleet.models import Fabric
+
+# How long a capacity set's interruption notice may be, in seconds.
+NOTICE_SECONDS_MIN = 1
+NOTICE_SECONDS_MAX = 86400
+
+
+def node_partitions_problems(*, fabric: str, gpu_count: int, partitions: object) -> list[str]:
+    """What is wrong with a partition table given for a node (empty: nothing)."""
+    if fabric != Fabric.NVSWITCH:
+        return ["only NVSwitch nodes carry a partition table"]
+    return partition_table_problems(partitions, gpu_count)
+
+
+def mapping_has_text_keys(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(key, str) for key in value)
+
+
+def labels_not_text(labels: dict) -> list[str]:
+    """The names of the labels whose value is not text."""
+    return [name for name, value in labels.items() if not isinstance(value, str)]
+
+
+def labels_problem(labels: object) -> str:
+    """Why ``labels`` are not a node's labels (text keys, text values), or ""."""
+    if not mapping_has_text_keys(labels) or labels_not_text(labels):
+        return "must be a mapping of text keys to text values"
+    return ""
+
+
+def node_join_problem(
+    *,
+    hostname: str,
+    cluster: str,
+    gpu_model: str,
+    fabric: str,
+    set_name: str,
+    set_cluster: str,
+    set_gpu_model: str,
+    set_fabric: str,
+) -> str:
+    """Why a node may not join a capacity set (DESIGN.md section 2: a set holds the nodes of one
+    cluster, GPU model and fabric), or ""."""
+    mismatches = []
+    if cluster != set_cluster:
+        mismatches.append(f"cluster {cluster} is not the set's cluster {set_cluster}")
+    if gpu_model != set_gpu_model:
+        mismatches.append(f"GPU model {gpu_model} is not the set's {set_gpu_model}")
+    if fabric != set_fabric:
+        mismatches.append(f"fabric {fabric} is not the set's {set_fabric}")
+    if not mismatches:
+        return ""
+    return f"node {hostname} cannot join {set_name}: " + "; ".join(mismatches)
+
+
+def set_pool_gpu_problems(
+    *, set_name: str, set_gpu_model: str, set_fabric: str, gpu_model: str, fabric: str
+) -> dict[str, str]:
+    """A pool in a capacity set rents the set's GPUs: a GPU model or fabric it names (it need
+    not name any) must be the set's. Problems by field."""
+    problems = {}
+    for field, value, wanted in (
+        ("gpu_model", gpu_model, set_gpu_model),
+        ("fabric", fabric, set_fabric),
+    ):
+        if value and value != wanted:
+            problems[field] = f"a pool of {set_name} rents its {wanted}, not {value}"
+    return problems
+
+
+def floors_fit(*, floor_gpus: int, set_gpus: int) -> bool:
+    """The floors of a set's pools together fit in the set's GPUs (rule 2 of the arbiter needs
+    them to: a floor the set cannot hold can never be kept)."""
+    return floor_gpus <= set_gpus

@@ -1,0 +1,66 @@
+"""Every change to the fleet goes through here: validated, atomic, audited, and bumping the
+capacity set's generation whenever the change could alter a plan. One module per entity; the
+rules that the fleet file checks too live in gpucap.fleet.rules.
+
+Callers use the package: ``from gpucap.fleet import services as fleet; fleet.node_create(...)``.
+"""
+
+from gpucap.fleet.services._common import capacity_set_bump
+from gpucap.fleet.services.capacity_sets import (
+    capacity_set_create,
+    capacity_set_delete,
+    capacity_set_gpu_total,
+    capacity_set_update,
+)
+from gpucap.fleet.services.clusters import (
+    cluster_create,
+    cluster_delete,
+    cluster_rename,
+    cluster_update,
+)
+from gpucap.fleet.services.nodes import (
+    generated_gpu,
+    gpu_set_health,
+    node_cordon,
+    node_create,
+    node_delete,
+    node_join_set,
+    node_leave_set,
+    node_set_state,
+    node_uncordon,
+    node_update,
+)
+from gpucap.fleet.services.pools import (
+    pool_create,
+    pool_delete,
+    pool_rerank,
+    pool_set_floor,
+    pool_set_tenants,
+)
+
+__all__ = [
+    "capacity_set_bump",
+    "capacity_set_create",
+    "capacity_set_delete",
+    "capacity_set_gpu_total",
+    "capacity_set_update",
+    "cluster_create",
+    "cluster_delete",
+    "cluster_rename",
+    "cluster_update",
+    "generated_gpu",
+    "gpu_set_health",
+    "node_cordon",
+    "node_create",
+    "node_delete",
+    "node_join_set",
+    "node_leave_set",
+    "node_set_state",
+    "node_uncordon",
+    "node_update",
+    "pool_create",
+    "pool_delete",
+    "pool_rerank",
+    "pool_set_floor",
+    "pool_set_tenants",
+]
