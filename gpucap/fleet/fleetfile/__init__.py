@@ -1,0 +1,51 @@
+"""Fleet as code: one YAML file declares tenants, operators, clusters, nodes, capacity sets and
+pools.
+
+- ``fleet_file_load`` reads and validates a file and reports every problem at once, each naming
+  the file, the item and the reason (`schema`, `checks`, `problems`);
+- ``fleet_file_apply`` brings the database to what the file says through the fleet services, in
+  one transaction: all of it or nothing. It never deletes, and a second run changes nothing
+  (`diff` compares, `apply` applies);
+- ``fleet_file_export`` writes the database back in the same format (`export`).
+
+The format is described in docs/fleet-file.md; what a file declares is in `spec`.
+"""
+
+from gpucap.fleet.fleetfile.apply import fleet_file_apply
+from gpucap.fleet.fleetfile.export import fleet_file_export
+from gpucap.fleet.fleetfile.schema import fleet_file_load, fleet_file_parse
+from gpucap.fleet.fleetfile.spec import (
+    FORMAT_VERSION,
+    ApplyResult,
+    CapacitySetSpec,
+    Change,
+    ClusterSpec,
+    FleetFile,
+    FleetFileError,
+    GpuSpec,
+    MemberSpec,
+    NodeSpec,
+    OperatorSpec,
+    PoolSpec,
+    TenantSpec,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ApplyResult",
+    "CapacitySetSpec",
+    "Change",
+    "ClusterSpec",
+    "FleetFile",
+    "FleetFileError",
+    "GpuSpec",
+    "MemberSpec",
+    "NodeSpec",
+    "OperatorSpec",
+    "PoolSpec",
+    "TenantSpec",
+    "fleet_file_apply",
+    "fleet_file_export",
+    "fleet_file_load",
+    "fleet_file_parse",
+]

@@ -1,0 +1,142 @@
+"""Comparing a fleet file's nodes with the database: part of `FleetDiff`."""
+
+from gpucap.fleet import rules
+from gpucap.fleet.fleetfile.spec import NodeSpec
+from gpucap.fleet.fleetfile.words import compact, fixed_field, table_text
+from gpucap.fleet.models import Node
+
+
+class NodesDiff:
+    """Nodes, their GPUs and the capacity sets they join and leave. A part of `FleetDiff`,
+    which holds the file, the database's rows and the bookkeeping used here."""
+
+    def _plan_nodes(self) -> None:
+        for spec in self.file.nodes:
+            self._check_node_set(spec)
+            node = self.nodes.get((spec.cluster, spec.hostname))
+            if node is None:
+                self._plan_new_node(spec)
+            else:
+                self._plan_existing_node(spec, node)
+
+    def _check_node_set(self, spec: NodeSpec) -> None:
+        if spec.capacity_set is None:
+            return
+        facts = self._set_facts(spec.capacity_set)
+        if facts is None:
+            self._problem(
+                spec.where,
+                f"capacity_set: no capacity set named {spec.capacity_set} "
+                "in the file or the database",
+            )
+            return
+        cluster, gpu_model, fabric = facts
+        problem = rules.node_join_problem(
+            hostname=spec.hostname,
+            cluster=spec.cluster,
+            gpu_model=spec.gpu_model,
+            fabric=spec.fabric,
+            set_name=spec.capacity_set,
+            set_cluster=cluster,
+            set_gpu_model=gpu_model,
+            set_fabric=fabric,
+        )
+        if problem:
+            self._problem(spec.where, f"capacity_set: {problem}")
+
+    def _plan_new_node(self, spec: NodeSpec) -> None:
+        what = f"{spec.gpu_count} x {spec.gpu_model} {spec.fabric}"
+        where_to = f"set {spec.capacity_set}" if spec.capacity_set else "standalone"
+        extra = [f"state {spec.state}"] if spec.state not in (None, Node.State.READY) else []
+        self._change("create", "node", _node_label(spec), ", ".join([what, where_to, *extra]))
+        self._step("nodes", spec.where, "node_create", spec=spec)
+        if spec.capacity_set:
+            self._step(
+                "joins",
+                spec.where,
+                "node_join_set",
+                cluster=spec.cluster,
+                hostname=spec.hostname,
+                capacity_set=spec.capacity_set,
+            )
+
+    def _plan_existing_node(self, spec: NodeSpec, node: Node) -> None:
+        for field, value, wanted in (
+            ("gpu_model", node.gpu_model, spec.gpu_model),
+            ("fabric", node.fabric, spec.fabric),
+            ("gpus", node.gpu_count, spec.gpu_count),
+        ):
+            if value != wanted:
+                self._problem(spec.where, fixed_field(field, node.hostname, value, wanted, "node"))
+        details = []
+        described = self._plan_node_update(spec, node)
+        details.extend(described)
+        if spec.state is not None and spec.state != node.state:
+            details.append(f"state {node.state} -> {spec.state}")
+            self._step("nodes", spec.where, "node_set_state", node=node, state=spec.state)
+        details.extend(self._plan_gpus(spec, node))
+        current_set = node.capacity_set.name if node.capacity_set else None
+        if current_set != spec.capacity_set:
+            details.append(
+                f"capacity set {current_set or 'none (standalone)'} -> "
+                f"{spec.capacity_set or 'none (standalone)'}"
+            )
+            if current_set is not None:
+                self._step("leaves", spec.where, "node_leave_set", node=node)
+            if spec.capacity_set is not None:
+                self._step(
+                    "joins" if current_set is None else "moves",
+                    spec.where,
+                    "node_join_set",
+                    cluster=spec.cluster,
+                    hostname=spec.hostname,
+                    capacity_set=spec.capacity_set,
+                )
+        if details:
+            self._change("update", "node", _node_label(spec), details)
+        else:
+            self.unchanged += 1
+
+    def _plan_node_update(self, spec: NodeSpec, node: Node) -> list[str]:
+        details = []
+        changes: dict = {}
+        if (node.partitions or None) != (spec.partitions or None):
+            details.append(
+                f"partitions {table_text(node.partitions)} -> {table_text(spec.partitions)}"
+            )
+            changes["partitions"] = spec.partitions
+        if node.bmc_address != spec.bmc_address:
+            details.append(
+                f"bmc_address {node.bmc_address or '(none)'} -> {spec.bmc_address or '(none)'}"
+            )
+            changes["bmc_address"] = spec.bmc_address
+        if node.labels != spec.labels:
+            details.append(f"labels {compact(node.labels)} -> {compact(spec.labels)}")
+            changes["labels"] = spec.labels
+        if changes:
+            self._step("nodes", spec.where, "node_update", node=node, **changes)
+        return details
+
+    def _plan_gpus(self, spec: NodeSpec, node: Node) -> list[str]:
+        details = []
+        cards = {gpu.index: gpu for gpu in node.gpus.all()}
+        for listed in spec.gpus:
+            gpu = cards.get(listed.index)
+            if gpu is None:
+                continue  # the GPU count mismatch is reported already
+            for field in ("uuid", "pci_address"):
+                wanted = getattr(listed, field)
+                if wanted is not None and wanted != getattr(gpu, field):
+                    self._problem(
+                        spec.where,
+                        f"gpu_list: GPU {listed.index} {field} cannot change in place (registered "
+                        f"{getattr(gpu, field)}, the file says {wanted})",
+                    )
+            if listed.health is not None and listed.health != gpu.health:
+                details.append(f"GPU {listed.index} health {gpu.health} -> {listed.health}")
+                self._step("nodes", spec.where, "gpu_set_health", gpu=gpu, health=listed.health)
+        return details
+
+
+def _node_label(spec: NodeSpec) -> str:
+    return f"{spec.cluster}/{spec.hostname}"

@@ -1,0 +1,215 @@
+"""Writing the fleet back as a fleet file (``manage.py fleet_export``)."""
+
+import yaml
+from django.contrib.auth import get_user_model
+from django.db.models import Prefetch
+
+from gpucap.fleet import services as fleet
+from gpucap.fleet.fleetfile.spec import FORMAT_VERSION
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.roles import OPERATORS_GROUP
+from gpucap.tenancy.models import Membership, Tenant
+
+_EXPORT_HEADER = (
+    "# gpucap fleet file (docs/fleet-file.md), written by `manage.py fleet_export`.\n"
+    "# Apply with `manage.py fleet_apply FILE`. Passwords and capacity set modes are never\n"
+    "# exported.\n"
+)
+
+
+def fleet_file_export() -> str:
+    """The whole fleet in the fleet-file format, deterministic: the same database always gives
+    the same text, and applying it to that database changes nothing."""
+    document = {
+        "version": FORMAT_VERSION,
+        "tenants": _export_tenants(),
+        "operators": _export_operators(),
+        "clusters": _export_clusters(),
+        "capacity_sets": _export_capacity_sets(),
+        "pools": _export_pools(),
+    }
+    body = yaml.dump(
+        document,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=4096,
+        default_flow_style=False,
+    )
+    # A blank line before each top-level section, as a person would write it.
+    body = "".join(
+        f"\n{line}" if line[:1].isalpha() and not line.startswith("version") else line
+        for line in body.splitlines(keepends=True)
+    )
+    return _EXPORT_HEADER + body
+
+
+def _export_tenants() -> list:
+    memberships = Membership.objects.select_related("user").order_by("user__username")
+    tenants = Tenant.objects.order_by("slug").prefetch_related(
+        Prefetch("memberships", queryset=memberships)
+    )
+    exported = []
+    for tenant in tenants:
+        entry: dict = {"name": tenant.name, "slug": tenant.slug}
+        members = [
+            _flow(
+                _without_blanks(
+                    {"username": m.user.username, "email": m.user.email, "role": m.role}
+                )
+            )
+            for m in tenant.memberships.all()
+        ]
+        if members:
+            entry["members"] = members
+        exported.append(entry)
+    return exported
+
+
+def _export_operators() -> list:
+    users = (
+        get_user_model()
+        .objects.filter(is_staff=True, groups__name=OPERATORS_GROUP)
+        .order_by("username")
+        .distinct()
+    )
+    return [_flow(_without_blanks({"username": u.username, "email": u.email})) for u in users]
+
+
+def _export_clusters() -> list:
+    nodes = Node.objects.select_related("capacity_set").order_by("hostname")
+    clusters = Cluster.objects.order_by("name").prefetch_related(
+        Prefetch("nodes", queryset=nodes),
+        Prefetch("nodes__gpus", queryset=Gpu.objects.order_by("index")),
+    )
+    exported = []
+    for cluster in clusters:
+        entry: dict = {"name": cluster.name, "driver": cluster.driver}
+        if cluster.driver_settings:
+            entry["driver_settings"] = _sorted_json(cluster.driver_settings)
+        entry["nodes"] = [_export_node(cluster, node) for node in cluster.nodes.all()]
+        exported.append(entry)
+    return exported
+
+
+def _export_node(cluster: Cluster, node: Node) -> dict:
+    entry: dict = {
+        "hostname": node.hostname,
+        "gpu_model": node.gpu_model,
+        "fabric": node.fabric,
+        "gpus": node.gpu_count,
+    }
+    if node.capacity_set is not None:
+        entry["capacity_set"] = node.capacity_set.name
+    if node.state != Node.State.READY:
+        entry["state"] = node.state
+    if node.bmc_address:
+        entry["bmc_address"] = node.bmc_address
+    if node.labels:
+        entry["labels"] = _flow(dict(sorted(node.labels.items())))
+    if node.partitions:
+        entry["partitions"] = _flow([_flow(block) for block in node.partitions])
+    # Only what differs from the generated card is written, so counts stay the whole story for
+    # an ordinary node.
+    gpu_list = []
+    for gpu in node.gpus.all():
+        generated = fleet.generated_gpu(cluster=cluster, hostname=node.hostname, index=gpu.index)
+        listed: dict = {}
+        if gpu.uuid != generated["uuid"]:
+            listed["uuid"] = gpu.uuid
+        if gpu.pci_address != generated["pci_address"]:
+            listed["pci_address"] = gpu.pci_address
+        if gpu.health != Gpu.Health.OK:
+            listed["health"] = gpu.health
+        if listed:
+            gpu_list.append(_flow({"index": gpu.index, **listed}))
+    if gpu_list:
+        entry["gpu_list"] = gpu_list
+    return entry
+
+
+def _export_capacity_sets() -> list:
+    return [
+        {
+            "name": s.name,
+            "cluster": s.cluster.name,
+            "gpu_model": s.gpu_model,
+            "fabric": s.fabric,
+            "notice_seconds": s.notice_seconds,
+        }
+        for s in CapacitySet.objects.select_related("cluster").order_by("name")
+    ]
+
+
+def _export_pools() -> list:
+    pools = Pool.objects.select_related("cluster", "capacity_set").prefetch_related(
+        Prefetch("tenants", queryset=Tenant.objects.order_by("slug"))
+    )
+
+    def order(pool: Pool) -> tuple:
+        in_set = pool.capacity_set is not None
+        return (pool.cluster.name, not in_set, pool.capacity_set.name if in_set else "", pool.rank)
+
+    exported = []
+    for pool in sorted(pools, key=order):
+        entry: dict = {"name": pool.name, "kind": pool.kind, "cluster": pool.cluster.name}
+        if pool.capacity_set is not None:
+            entry["capacity_set"] = pool.capacity_set.name
+        else:  # a set's pools rent the set's GPUs; only a standalone pool names its own
+            entry["gpu_model"] = pool.gpu_model
+            entry["fabric"] = pool.fabric
+        entry["rank"] = pool.rank
+        entry["floor_gpus"] = pool.floor_gpus
+        slugs = [t.slug for t in pool.tenants.all()]
+        if slugs:
+            entry["tenants"] = _flow(slugs)
+        exported.append(entry)
+    return exported
+
+
+def _without_blanks(entry: dict) -> dict:
+    return {key: value for key, value in entry.items() if value not in ("", None)}
+
+
+def _sorted_json(value: object) -> object:
+    if isinstance(value, dict):
+        return {key: _sorted_json(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_json(item) for item in value]
+    return value
+
+
+def _flow(value: dict | list) -> dict | list:
+    """Mark a list or mapping to be written on one line: ``[0, 2]``, ``{rack: r12}``."""
+    return _FlowDict(value) if isinstance(value, dict) else _FlowList(value)
+
+
+class _FlowList(list):
+    pass
+
+
+class _FlowDict(dict):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    def increase_indent(self, flow: bool = False, indentless: bool = False):
+        # Indent list items under their key, as people write YAML by hand.
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+_Dumper.add_representer(
+    _FlowList,
+    lambda dumper, value: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", value, flow_style=True
+    ),
+)
+_Dumper.add_representer(
+    _FlowDict,
+    lambda dumper, value: dumper.represent_mapping(
+        "tag:yaml.org,2002:map", value.items(), flow_style=True
+    ),
+)
