@@ -6,7 +6,11 @@ class PlansConfig(AppConfig):
     verbose_name = "Capacity plans"
 
     def ready(self) -> None:
+        from gpucap.fleet.signals import capacity_set_changed
         from gpucap.plans import receivers
         from gpucap.rentals.signals import vm_transitioned
 
+        capacity_set_changed.connect(
+            receivers.plans_follow_set, dispatch_uid="plans.plans_follow_set"
+        )
         vm_transitioned.connect(receivers.plans_follow_vm, dispatch_uid="plans.plans_follow_vm")

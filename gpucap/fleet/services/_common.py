@@ -8,18 +8,19 @@ from django.utils import timezone
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import CapacitySet
-from gpucap.plans.triggers import replan_soon
+from gpucap.fleet.signals import capacity_set_changed
 
 
 def capacity_set_bump(*, capacity_set_id: int | None) -> None:
-    """Record that something a plan depends on changed, and ask for a prompt replan of the set
-    once the change commits. A no-op for standalone nodes/pools."""
+    """Record that something a plan depends on changed (the set's generation) and say so
+    (``capacity_set_changed``: plans asks for a prompt replan once the change commits). A no-op
+    for standalone nodes/pools."""
     if capacity_set_id is None:
         return
     CapacitySet.objects.filter(pk=capacity_set_id).update(
         generation=F("generation") + 1, updated_at=timezone.now()
     )
-    replan_soon(capacity_set_id)
+    capacity_set_changed.send(sender=CapacitySet, capacity_set_id=capacity_set_id)
 
 
 def field_change(obj, field: str, value, *, verb: str, actor: Actor, capacity_set_id=None):

@@ -1,0 +1,13 @@
+"""The fleet's one event: ``capacity_set_changed``, sent by ``capacity_set_bump`` whenever
+something a capacity set's plan depends on changed (its generation was bumped): a node cordoned
+or joining, a pool re-ranked or its floor moved, a VM's demand or capacity (through the plans
+app's own receiver of the VM lifecycle). Sent inside the transaction that made the change.
+
+Why a signal: plans sits above the fleet (it reads the fleet to plan it), so the fleet must not
+import it; plans subscribes in its ``AppConfig.ready()`` and asks for a prompt, debounced replan
+(gpucap/plans/triggers.py). Argument: ``capacity_set_id``.
+"""
+
+from django.dispatch import Signal
+
+capacity_set_changed = Signal()
