@@ -28,7 +28,7 @@ urlpatterns = [
     path("fleet/", include("gpucap.console.urls")),
     path("fleet/sets/<slug:name>/", include("gpucap.plans.urls")),
     path("audit/", include("gpucap.audit.urls")),
-    path("", include("gpucap.rentals.urls")),
+    path("", include("gpucap.vms.urls")),
     path("notices/", include("gpucap.notices.urls")),
     path("", include("gpucap.inference.urls")),
     path("", include("gpucap.usage.urls")),

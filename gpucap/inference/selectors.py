@@ -18,6 +18,7 @@ from gpucap.fleet.models import Pool
 from gpucap.inference import cache
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.services import LIVE
+from gpucap.notices.selectors import with_open_notice
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.selectors import vms_with_gpus
 from gpucap.roles import is_operator, tenant_ids_for
@@ -214,9 +215,13 @@ def deployment_visible_to(*, user: AbstractBaseUser, slug: str, name: str) -> De
 
 
 def deployment_replicas(deployment: InferenceDeployment) -> list[VirtualMachine]:
-    """The deployment's replicas that still exist, oldest first, with the GPUs each holds. Two
-    queries."""
-    replicas = vms_with_gpus().filter(deployment=deployment).exclude(state=State.TERMINATED)
+    """The deployment's replicas that still exist, oldest first, with the GPUs each holds and
+    its open notice. Two queries."""
+    replicas = (
+        with_open_notice(vms_with_gpus())
+        .filter(deployment=deployment)
+        .exclude(state=State.TERMINATED)
+    )
     return list(replicas.order_by("pk"))
 
 

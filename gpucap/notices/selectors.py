@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
 
 from gpucap.fleet.models import Node, Pool
@@ -25,6 +25,16 @@ def notices_with_vms() -> QuerySet[InterruptionNotice]:
     plan (and its set) that sent it."""
     return InterruptionNotice.objects.select_related(
         "vm__tenant", "vm__pool", "vm__node__cluster", "issued_by", "plan__capacity_set"
+    )
+
+
+def with_open_notice(vms: QuerySet[VirtualMachine]) -> QuerySet[VirtualMachine]:
+    """The VMs, each with its open notice's reason and deadline (``notice_reason``,
+    ``notice_deadline``, else None) for the countdown a row shows; in the same query."""
+    open_notice = InterruptionNotice.objects.filter(vm=OuterRef("pk"), completed_at=None)
+    return vms.annotate(
+        notice_reason=Subquery(open_notice.values("reason")[:1]),
+        notice_deadline=Subquery(open_notice.values("deadline")[:1]),
     )
 
 

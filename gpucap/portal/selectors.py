@@ -15,6 +15,7 @@ from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.selectors import DeploymentList, tenant_deployments
 from gpucap.notices.models import InterruptionNotice
+from gpucap.notices.selectors import with_open_notice
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.tenancy.models import Membership, Tenant
@@ -110,7 +111,7 @@ def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
     Redis round trip."""
     now = now or timezone.now()
     vms = list(
-        vms_with_gpus()
+        with_open_notice(vms_with_gpus())
         .filter(tenant=tenant, role=VirtualMachine.Role.RENTAL)
         .exclude(state=VirtualMachine.State.TERMINATED)
         .order_by(F("notice_deadline").asc(nulls_last=True), "-created_at", "-id")[: PORTAL_VMS + 1]

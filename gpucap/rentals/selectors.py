@@ -7,21 +7,18 @@ a 404, as if it did not exist. Operators see every VM.
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.paginator import Page, Paginator
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
 from gpucap.audit.models import AuditEvent
 from gpucap.audit.selectors import events_for
-from gpucap.fleet.models import Node, Pool
-from gpucap.notices.models import InterruptionNotice
+from gpucap.fleet.models import Pool
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.services import TRANSITIONS
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Membership, Tenant
 
 State = VirtualMachine.State
-PAGE_SIZE = 50
 
 # States a page keeps polling quickly for: something is about to change on its own.
 TRANSITIONAL = frozenset({State.PENDING, State.PROVISIONING, State.NOTIFIED, State.STOPPING})
@@ -37,13 +34,6 @@ def vms_with_gpus() -> QuerySet[VirtualMachine]:
         .order_by("gpu__index")
     )
     vms = VirtualMachine.objects.select_related("tenant", "pool", "node__cluster")
-    # The open notice's reason and deadline (``notice_reason``, ``notice_deadline``, else None)
-    # ride along in the same query, for the countdown a row shows.
-    open_notice = InterruptionNotice.objects.filter(vm=OuterRef("pk"), completed_at=None)
-    vms = vms.annotate(
-        notice_reason=Subquery(open_notice.values("reason")[:1]),
-        notice_deadline=Subquery(open_notice.values("deadline")[:1]),
-    )
     return vms.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
 
 
@@ -68,87 +58,12 @@ def gpu_indices(vm: VirtualMachine) -> list[int]:
     return [allocation.gpu.index for allocation in vm.live_allocations]
 
 
-# --- a tenant's VMs ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TenantVms:
-    vms: list[VirtualMachine]
-    terminated_count: int
-    include_terminated: bool
-
-    @property
-    def polling_fast(self) -> bool:
-        return any(vm.state in TRANSITIONAL for vm in self.vms)
-
-
-def tenant_vms(*, tenant: Tenant, include_terminated: bool = False) -> TenantVms:
-    """A tenant's rentals, newest first; terminated ones only when asked for. Inference
-    replicas belong to their deployments and are shown there. Three queries."""
-    mine = {"tenant": tenant, "role": VirtualMachine.Role.RENTAL}
-    vms = vms_with_gpus().filter(**mine).order_by("-created_at", "-id")
-    terminated = VirtualMachine.objects.filter(**mine, state=State.TERMINATED)
-    if not include_terminated:
-        vms = vms.exclude(state=State.TERMINATED)
-    return TenantVms(
-        vms=list(vms),
-        terminated_count=terminated.count(),
-        include_terminated=include_terminated,
-    )
-
-
 def requestable_pools(*, tenant: Tenant) -> QuerySet[Pool]:
     """Pools the tenant may rent VMs in: those it may use, except inference pools (their VMs
     are a deployment's replicas)."""
     return tenant.pools.exclude(kind=Pool.Kind.INFERENCE).order_by(
         "cluster__name", "capacity_set__name", "rank"
     )
-
-
-# --- every VM (operators) ---------------------------------------------------------------------
-
-# The operator list's state filter: "" shows every VM that still exists, "terminated" the rest.
-LIVE = ""
-
-
-@dataclass(frozen=True)
-class VmFilterOptions:
-    tenants: list[tuple[str, str]]  # (slug, name)
-    pools: list[str]
-    nodes: list[tuple[int, str]]  # (id, "cluster/hostname") of nodes that hold or held a VM
-
-
-def vm_filter_options() -> VmFilterOptions:
-    """Three queries."""
-    nodes = (
-        Node.objects.filter(pk__in=VirtualMachine.objects.values("node_id"))
-        .select_related("cluster")
-        .only("hostname", "cluster__name")
-        .order_by("cluster__name", "hostname")
-    )
-    return VmFilterOptions(
-        tenants=list(Tenant.objects.order_by("name").values_list("slug", "name")),
-        pools=list(Pool.objects.order_by("name").values_list("name", flat=True)),
-        nodes=[(node.pk, f"{node.cluster.name}/{node.hostname}") for node in nodes],
-    )
-
-
-def vm_page(
-    *, tenant: str = "", pool: str = "", state: str = LIVE, node: int | None = None, page=1
-) -> Page:
-    """One page of VMs, newest first. ``tenant`` is a slug, ``pool`` a name, ``node`` an id.
-    Three queries (count, rows, GPUs)."""
-    vms = vms_with_gpus().order_by("-created_at", "-id")
-    if tenant:
-        vms = vms.filter(tenant__slug=tenant)
-    if pool:
-        vms = vms.filter(pool__name=pool)
-    vms = vms.filter(state=state) if state else vms.exclude(state=State.TERMINATED)
-    if node is not None:
-        vms = vms.filter(node_id=node)
-    result = Paginator(vms, PAGE_SIZE).get_page(page)
-    result.object_list = list(result.object_list)
-    return result
 
 
 # --- one VM -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ with stop / start / terminate.
 A tenant's pages carry its slug (``/tenants/acme/vms/``), so a member of several tenants always
 knows which one a new VM is for. A VM's own page (``/vms/42/``) is shared by its tenant's
 members and operators; anyone else gets a 404. Views adapt the request and call selectors or
-services; the lifecycle's rules live in ``gpucap.rentals.services``.
+services; the lifecycle's rules live in ``gpucap.rentals.services``, a notice's in
+``gpucap.notices``. The pages show both, so they live above rentals and notices.
 """
 
 from collections.abc import Callable
@@ -20,10 +21,11 @@ from gpucap.notices import drains
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_seconds_for
 from gpucap.rentals import selectors, services
-from gpucap.rentals.forms import VmFilterForm, VmRequestForm
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors as tenancy
+from gpucap.vms import selectors as vm_lists
+from gpucap.vms.forms import VmFilterForm, VmRequestForm
 from gpucap.web.pages import operator_required, render_page, tenant_pick
 
 # An HTMX event the request form sends so the VM table refreshes at once.
@@ -45,9 +47,9 @@ def vm_list(request: HttpRequest) -> HttpResponse:
             things="VMs",
             things_long="VMs and pools",
         )
-    form = VmFilterForm(request.GET, options=selectors.vm_filter_options())
+    form = VmFilterForm(request.GET, options=vm_lists.vm_filter_options())
     filters = form.filters()
-    page = selectors.vm_page(**filters, page=request.GET.get("page", 1))
+    page = vm_lists.vm_page(**filters, page=request.GET.get("page", 1))
     query = request.GET.copy()
     query.pop("page", None)
     context = {
@@ -58,7 +60,7 @@ def vm_list(request: HttpRequest) -> HttpResponse:
         "query": query.urlencode(),
         "polling_fast": any(vm.state in selectors.TRANSITIONAL for vm in page.object_list),
     }
-    return render_page(request, "rentals/vm_list.html", context, fragment="vm-table")
+    return render_page(request, "vms/vm_list.html", context, fragment="vm-table")
 
 
 @require_http_methods(["GET", "POST"])
@@ -74,7 +76,7 @@ def tenant_vms(request: HttpRequest, slug: str) -> HttpResponse:
         return _vm_request(request, tenant, include_terminated=include_terminated)
     form = VmRequestForm(tenant=tenant) if is_member else None
     context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
-    return render_page(request, "rentals/tenant_vms.html", context, fragment="vm-table")
+    return render_page(request, "vms/tenant_vms.html", context, fragment="vm-table")
 
 
 def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> HttpResponse:
@@ -91,19 +93,15 @@ def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> Ht
                 request, tenant, VmRequestForm(tenant=tenant), include_terminated=False
             )
             context["requested"] = vm
-            response = render_page(
-                request, "rentals/tenant_vms.html", context, fragment="vm-request"
-            )
+            response = render_page(request, "vms/tenant_vms.html", context, fragment="vm-request")
             response["HX-Trigger"] = VMS_CHANGED
             return response
     context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
-    return render_page(
-        request, "rentals/tenant_vms.html", context, fragment="vm-request", status=400
-    )
+    return render_page(request, "vms/tenant_vms.html", context, fragment="vm-request", status=400)
 
 
 def _tenant_context(request, tenant, form, *, include_terminated: bool) -> dict:
-    listing = selectors.tenant_vms(tenant=tenant, include_terminated=include_terminated)
+    listing = vm_lists.tenant_vms(tenant=tenant, include_terminated=include_terminated)
     return {"nav": "vms", "tenant": tenant, "listing": listing, "form": form}
 
 
@@ -114,9 +112,7 @@ def _tenant_context(request, tenant, form, *, include_terminated: bool) -> dict:
 @login_required
 def vm_detail(request: HttpRequest, pk: int) -> HttpResponse:
     vm = selectors.vm_visible_to(user=request.user, pk=pk)
-    return render_page(
-        request, "rentals/vm_detail.html", _vm_context(request, vm), fragment="vm-live"
-    )
+    return render_page(request, "vms/vm_detail.html", _vm_context(request, vm), fragment="vm-live")
 
 
 @require_POST
@@ -158,9 +154,7 @@ def _vm_act(request: HttpRequest, pk: int, act: Callable[..., object]) -> HttpRe
         return redirect("rentals:vm-detail", pk=pk)
     vm = selectors.vm_visible_to(user=request.user, pk=pk)
     context = {**_vm_context(request, vm), "error": error}
-    return render_page(
-        request, "rentals/vm_detail.html", context, fragment="vm-live", status=status
-    )
+    return render_page(request, "vms/vm_detail.html", context, fragment="vm-live", status=status)
 
 
 def _vm_context(request: HttpRequest, vm: VirtualMachine) -> dict:

@@ -5,9 +5,10 @@ service's, and its errors land next to the fields they name."""
 from django import forms
 
 from gpucap.fleet.models import Fabric, Pool
-from gpucap.rentals import selectors
 from gpucap.rentals.models import VirtualMachine
+from gpucap.rentals.selectors import requestable_pools
 from gpucap.tenancy.models import Tenant
+from gpucap.vms.selectors import LIVE, VmFilterOptions
 from gpucap.web.forms import ServiceErrorsMixin
 
 
@@ -53,7 +54,7 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
     def __init__(self, data=None, *, tenant: Tenant) -> None:
         super().__init__(data)
         pool = self.fields["pool"]
-        pool.queryset = selectors.requestable_pools(tenant=tenant)
+        pool.queryset = requestable_pools(tenant=tenant)
         # Read the pools once: the page both asks whether there are any and lists them.
         self.pools = list(pool.queryset)
         pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
@@ -68,12 +69,12 @@ class VmFilterForm(forms.Form):
     state = forms.ChoiceField(required=False)
     node = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
 
-    def __init__(self, data, *, options: selectors.VmFilterOptions) -> None:
+    def __init__(self, data, *, options: VmFilterOptions) -> None:
         super().__init__(data)
         self.fields["tenant"].choices = [("", "All tenants"), *options.tenants]
         self.fields["pool"].choices = [("", "All pools"), *[(p, p) for p in options.pools]]
         self.fields["state"].choices = [
-            (selectors.LIVE, "Any but terminated"),
+            (LIVE, "Any but terminated"),
             *VirtualMachine.State.choices,
         ]
         self.fields["node"].choices = [("", "All nodes"), *options.nodes]

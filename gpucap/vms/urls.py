@@ -1,7 +1,9 @@
 from django.urls import path
 
-from gpucap.rentals import views
+from gpucap.vms import views
 
+# The namespace stays "rentals": these are the rentals' pages (rentals:vm-detail, ...), whoever
+# builds them, and templates across the site link to them by these names.
 app_name = "rentals"
 
 # Included at the site root: a tenant's VMs live under its own page, one VM under /vms/.
