@@ -66,22 +66,8 @@ def member_invite(request: HttpRequest, slug: str) -> HttpResponse:
 def invitation_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     tenant = _admin_tenant(request, slug)
     invitation = selectors.tenant_invitation(tenant=tenant, pk=pk)
-    error = ""
-    try:
-        services.invitation_revoke(invitation=invitation, actor=request.user)
-    except ValidationError as exc:
-        error = "; ".join(exc.messages)
-    if not error and not request.htmx:
-        return redirect("tenant-members", slug=tenant.slug)
-    done = "" if error else f"Withdrew the invitation of {invitation.email}."
-    return _members_page(
-        request,
-        tenant,
-        Membership.Role.ADMIN,
-        error=error,
-        done=done,
-        status=400 if error else 200,
-    )
+    error = _refusal(lambda: services.invitation_revoke(invitation=invitation, actor=request.user))
+    return _after_change(request, tenant, error, f"Withdrew the invitation of {invitation.email}.")
 
 
 @require_POST
@@ -90,28 +76,16 @@ def member_set_role(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     tenant = _admin_tenant(request, slug)
     membership = selectors.tenant_member(tenant=tenant, pk=pk)
     form = MemberRoleForm(request.POST)
-    error = ""
     if form.is_valid():
-        try:
-            membership = services.member_set_role(
-                membership=membership, role=form.cleaned_data["role"], actor=request.user
-            )
-        except ValidationError as exc:
-            error = "; ".join(exc.messages)
+        role = form.cleaned_data["role"]
+        error = _refusal(
+            lambda: services.member_set_role(membership=membership, role=role, actor=request.user)
+        )
     else:
         error = "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
-    if not error and not request.htmx:
-        return redirect("tenant-members", slug=tenant.slug)
+    membership.refresh_from_db()
     who = membership.user.get_username()
-    done = "" if error else f"{who} is now {membership.get_role_display()}."
-    return _members_page(
-        request,
-        tenant,
-        _role_after(request, tenant),
-        error=error,
-        done=done,
-        status=400 if error else 200,
-    )
+    return _after_change(request, tenant, error, f"{who} is now {membership.get_role_display()}.")
 
 
 @require_POST
@@ -119,20 +93,32 @@ def member_set_role(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
 def member_remove(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     tenant = _admin_tenant(request, slug)
     membership = selectors.tenant_member(tenant=tenant, pk=pk)
-    error = ""
+    error = _refusal(lambda: services.member_remove(membership=membership, actor=request.user))
+    who = membership.user.get_username()
+    return _after_change(request, tenant, error, f"Removed {who} from {tenant.name}.")
+
+
+def _refusal(change) -> str:
+    """Make the change; the service's reason if it refused, else ""."""
     try:
-        services.member_remove(membership=membership, actor=request.user)
+        change()
     except ValidationError as exc:
-        error = "; ".join(exc.messages)
+        return "; ".join(exc.messages)
+    return ""
+
+
+def _after_change(request: HttpRequest, tenant: Tenant, error: str, done: str) -> HttpResponse:
+    """A plain post goes back to the members page; an HTMX one gets the refreshed panel, saying
+    what was done or why nothing was (the viewer's role may have changed: they may have acted
+    on themselves)."""
     if not error and not request.htmx:
         return redirect("tenant-members", slug=tenant.slug)
-    done = "" if error else f"Removed {membership.user.get_username()} from {tenant.name}."
     return _members_page(
         request,
         tenant,
         _role_after(request, tenant),
         error=error,
-        done=done,
+        done="" if error else done,
         status=400 if error else 200,
     )
 
