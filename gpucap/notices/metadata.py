@@ -28,11 +28,15 @@ from urllib.parse import parse_qs
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 
 from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json, send_text
 from gpucap.edge.loops import PerLoop, lifespan
+from gpucap.errors import Conflict
 from gpucap.metrics import METADATA_LATENCY, METADATA_REQUESTS
 from gpucap.notices.cache import metadata_key
+from gpucap.notices.services import notice_acknowledge
+from gpucap.rentals.models import VirtualMachine
 
 PREFIXES = ("/latest/", "/computeMetadata/", "/metadata/")
 TOKEN_TTL_MAX = 21600
@@ -386,12 +390,6 @@ async def _acknowledge(address: str, instance_id: str) -> bool:
 
 def _acknowledge_in_database(address: str, instance_id: str) -> bool:
     """Stop the VM now if the database agrees it is at ``address`` with an open notice."""
-    from django.db import connections
-
-    from gpucap.errors import Conflict
-    from gpucap.notices.services import notice_acknowledge
-    from gpucap.rentals.models import VirtualMachine
-
     pk = instance_id.removeprefix("vm-")
     try:
         vm = VirtualMachine.objects.filter(pk=int(pk), ip_address=address).first()
