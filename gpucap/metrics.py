@@ -11,9 +11,10 @@ import logging
 from dataclasses import dataclass
 
 import redis
-from django.conf import settings
 from django.db import connection, transaction
 from prometheus_client import Counter, Histogram
+
+from gpucap.redis_clients import shared_redis
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,6 @@ CELERY_TASK_RETRIES = SharedCounter(
 )
 SHARED_COUNTERS = (PLANS_MADE, PLANS_APPLIED, CELERY_TASK_FAILURES, CELERY_TASK_RETRIES)
 
-_client: redis.Redis | None = None
-
 
 def shared_count(counter: SharedCounter, /, **labels: str) -> None:
     """Add one to ``counter`` for ``labels``. Never raises: a count lost while Redis is down
@@ -120,7 +119,4 @@ def shared_counter_key(counter: SharedCounter) -> str:
 
 
 def shared_counters_redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL)
-    return _client
+    return shared_redis()

@@ -278,10 +278,11 @@ def simulated_fleet_empty(django_db_modify_db_settings):
 @pytest.fixture(scope="session", autouse=True)
 def metadata_test_redis():
     """The metadata cache of test runs lives in a Redis database of its own."""
-    import redis
+    from django.conf import settings
 
-    from gpucap.notices import cache
+    from gpucap.redis_clients import metadata_redis
 
-    cache._client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
-    yield cache._client
-    cache._client = None
+    previous = settings.METADATA_REDIS_URL
+    settings.METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"
+    yield metadata_redis()
+    settings.METADATA_REDIS_URL = previous

@@ -26,8 +26,9 @@ from gpucap.plans.api import (
     CapacitySetWhatIfView,
     PlanViewSet,
 )
+from gpucap.portal.api import TenantViewSet
 from gpucap.rentals.api import VirtualMachineViewSet
-from gpucap.tenancy.api import ObtainTokenView, TenantViewSet
+from gpucap.tenancy.api import ObtainTokenView
 from gpucap.usage.api import UsageView
 
 router = DefaultRouter()

@@ -35,6 +35,7 @@ from django.conf import settings
 from gpucap.drivers.simulated import replica_dead_key
 from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json
 from gpucap.edge.loops import PerLoop
+from gpucap.redis_clients import async_redis
 
 PREFIX = "/simulated/replicas/"
 MODEL = "gpucap-simulator"
@@ -378,4 +379,4 @@ async def _json(send, status: int, payload: dict) -> None:
     await send_json(send, status, payload, compact=True)
 
 
-_redis: PerLoop[aioredis.Redis] = PerLoop(lambda: aioredis.Redis.from_url(settings.REDIS_URL))
+_redis: PerLoop[aioredis.Redis] = PerLoop(lambda: async_redis(settings.REDIS_URL))

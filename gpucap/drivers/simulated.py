@@ -40,6 +40,7 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connections
 
+from gpucap import redis_clients
 from gpucap.drivers.base import (
     BOOTING,
     MISSING,
@@ -89,7 +90,9 @@ class SimulatedDriver:
     ) -> None:
         self.settings = settings_parse(SimulatedSettings, settings, driver="simulated")
         self.namespace = namespace or connections["default"].settings_dict["NAME"]
-        self.redis = redis_client or _redis(django_settings.REDIS_URL)
+        self.redis = redis_client or redis_clients.redis_client(
+            django_settings.REDIS_URL, decode_responses=True
+        )
         self._prefix = f"{KEY_PREFIX}{self.namespace}:"
         self._consume_failure = self.redis.register_script(_CONSUME_FAILURE)
 
@@ -332,17 +335,6 @@ def _loads(raw: str | None) -> dict | None:
 def _seconds(clock: tuple[int, int]) -> float:
     seconds, microseconds = clock
     return seconds + microseconds / 1_000_000
-
-
-_clients: dict[str, redis.Redis] = {}
-
-
-def _redis(url: str) -> redis.Redis:
-    """One client (and connection pool) per URL per process."""
-    client = _clients.get(url)
-    if client is None:
-        client = _clients[url] = redis.Redis.from_url(url, decode_responses=True)
-    return client
 
 
 # Take one injected failure, if any: the VM's own first, then the operation's. Atomic, so two

@@ -31,22 +31,12 @@ document (beat), so a lost publish heals within one interval.
 import json
 from collections.abc import Iterable
 
-import redis
-from django.conf import settings
-
 from gpucap.cache_flush import publish_on_commit
 from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.redis_clients import inference_redis
 from gpucap.rentals.models import VirtualMachine
 
 PREFIX = "gpucap:inference:"
-_client: redis.Redis | None = None
-
-
-def inference_redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.INFERENCE_REDIS_URL)
-    return _client
 
 
 def route_key(slug: str) -> str:

@@ -7,8 +7,12 @@ class NoticesConfig(AppConfig):
 
     def ready(self) -> None:
         from gpucap.notices import receivers
-        from gpucap.rentals.signals import vm_transitioned
+        from gpucap.rentals.signals import guest_shut_down_early, vm_transitioned
 
         vm_transitioned.connect(
             receivers.notices_follow_vm, dispatch_uid="notices.notices_follow_vm"
+        )
+        guest_shut_down_early.connect(
+            receivers.notice_ends_as_guest_shutdown,
+            dispatch_uid="notices.notice_ends_as_guest_shutdown",
         )

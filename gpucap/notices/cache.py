@@ -11,22 +11,12 @@ import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-import redis
-from django.conf import settings
-
 from gpucap.cache_flush import publish_on_commit
 from gpucap.notices.models import InterruptionNotice
+from gpucap.redis_clients import metadata_redis
 from gpucap.rentals.models import VirtualMachine
 
 KEY_PREFIX = "gpucap:imds:ip:"
-_client: redis.Redis | None = None
-
-
-def metadata_redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.METADATA_REDIS_URL)
-    return _client
 
 
 def metadata_key(ip_address: str) -> str:

@@ -36,6 +36,7 @@ from gpucap.errors import Conflict
 from gpucap.metrics import METADATA_LATENCY, METADATA_REQUESTS
 from gpucap.notices.cache import metadata_key
 from gpucap.notices.services import notice_acknowledge
+from gpucap.redis_clients import async_redis
 from gpucap.rentals.models import VirtualMachine
 
 PREFIXES = ("/latest/", "/computeMetadata/", "/metadata/")
@@ -437,9 +438,7 @@ async def _document(address: str) -> dict | None:
     return None if raw is None else json.loads(raw)
 
 
-_redis: PerLoop[aioredis.Redis] = PerLoop(
-    lambda: aioredis.Redis.from_url(settings.METADATA_REDIS_URL)
-)
+_redis: PerLoop[aioredis.Redis] = PerLoop(lambda: async_redis(settings.METADATA_REDIS_URL))
 
 # Every answer is the guest's own and of this moment: no cache on the way may keep it.
 _NO_STORE = ((b"cache-control", b"no-store"),)

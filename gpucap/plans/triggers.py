@@ -10,13 +10,12 @@ every ``PLANS_INTERVAL_SECONDS``) plans the set anyway.
 This module imports no app code, so the fleet services can call it without an import cycle.
 """
 
-import redis
 from django.conf import settings
 from django.db import connection, transaction
 
 from gpucap.celery import app
+from gpucap.redis_clients import shared_redis
 
-_client: redis.Redis | None = None
 # How long a claim outlives its countdown before it expires on its own (a lost message).
 _CLAIM_MARGIN_SECONDS = 30
 
@@ -30,12 +29,12 @@ def replan_soon(capacity_set_id: int | None, *, countdown: float | None = None) 
 
 def replan_release(capacity_set_id: int) -> None:
     """Called by the tick before it reads the set: later changes ask for a new tick."""
-    _redis().delete(_key(capacity_set_id))
+    shared_redis().delete(_key(capacity_set_id))
 
 
 def _send(capacity_set_id: int, countdown: float | None) -> None:
     delay = settings.PLANS_DEBOUNCE_SECONDS if countdown is None else countdown
-    claimed = _redis().set(
+    claimed = shared_redis().set(
         _key(capacity_set_id), "1", nx=True, ex=int(delay) + _CLAIM_MARGIN_SECONDS
     )
     if claimed or countdown == 0:
@@ -45,10 +44,3 @@ def _send(capacity_set_id: int, countdown: float | None) -> None:
 def _key(capacity_set_id: int) -> str:
     # The database name keeps test runs on one Redis (one database each) apart.
     return f"gpucap:plans:replan:{connection.settings_dict['NAME']}:{capacity_set_id}"
-
-
-def _redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL)
-    return _client

@@ -11,8 +11,8 @@ repairs the drift it finds, logging each repair and recording it in the audit lo
 - stopping, still up after a grace period → send ``vm_stop`` again;
 - running or notified, the driver has no such VM → mark it failed;
 - running, the guest shut itself down → stop it as its owner would;
-- notified, the guest shut itself down before its deadline → release its GPUs now (the notice
-  completes as ``guest_shutdown``);
+- notified, the guest shut itself down before its deadline → say so (``guest_shut_down_early``):
+  notices releases its GPUs now and completes the notice as ``guest_shutdown``;
 - pending in a standalone pool → ask the cluster's placement to look again.
 
 Every repair is conditional: it happens under the VM's row lock and only if the VM is still in
@@ -37,6 +37,7 @@ from gpucap.drivers.base import FAILED, MISSING, RUNNING, STOPPED, DriverError, 
 from gpucap.drivers.registry import driver_for
 from gpucap.rentals import services
 from gpucap.rentals.models import VirtualMachine
+from gpucap.rentals.signals import guest_shut_down_early
 from gpucap.tasks import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -201,9 +202,7 @@ def _stop_as_owner(vm: VirtualMachine, status: VmStatus) -> None:
 
 
 def _guest_shut_down_early(vm: VirtualMachine, status: VmStatus) -> None:
-    from gpucap.notices.services import notice_guest_shutdown
-
-    notice_guest_shutdown(vm=vm)
+    guest_shut_down_early.send(sender=VirtualMachine, vm=vm)
 
 
 def _resend(what: str):

@@ -33,3 +33,10 @@ database to ``transaction.on_commit``. Arguments:
 from django.dispatch import Signal
 
 vm_transitioned = Signal()
+
+# The reconciler saw a notified VM's guest powered off before its notice's deadline (the
+# hypervisor says so). What that means is the notice's business: notices
+# (``gpucap/notices/receivers.py``) completes the notice as ``guest_shutdown`` and frees the
+# GPUs now rather than at the deadline. Sent inside the reconciler's repair, under the VM's row
+# lock; harmless twice. Argument: ``vm``.
+guest_shut_down_early = Signal()

@@ -6,7 +6,6 @@ other members and operators read the list, and a write from them answers 403.
 """
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
@@ -16,7 +15,6 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
 from gpucap.api.schema import AutoSchema
-from gpucap.fleet.models import Pool
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant
@@ -24,13 +22,9 @@ from gpucap.web.pages import site_url
 
 
 class TenantSerializer(serializers.ModelSerializer):
-    pools = serializers.SlugRelatedField(
-        many=True, read_only=True, slug_field="name", help_text="Pools the tenant may use."
-    )
-
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "pools", "created_at"]
+        fields = ["id", "name", "slug", "created_at"]
         read_only_fields = fields
 
 
@@ -80,16 +74,18 @@ class InvitationSerializer(serializers.ModelSerializer):
 
 
 class TenantViewSet(viewsets.ReadOnlyModelViewSet):
-    """Tenants: every tenant for operators, a member's own tenants for everyone else."""
+    """Tenants: every tenant for operators, a member's own tenants for everyone else; their
+    members and invitations. The API serves it with the pools each tenant may use
+    (gpucap.portal.api, above the fleet that owns pools)."""
 
     schema = AutoSchema()
     serializer_class = TenantSerializer
     filterset_fields = ["slug"]
 
     def get_queryset(self):
-        tenants = Tenant.objects.prefetch_related(
-            Prefetch("pools", Pool.objects.only("name").order_by("name"))
-        )
+        return self.visible(Tenant.objects.all())
+
+    def visible(self, tenants):
         if getattr(self, "swagger_fake_view", False) or is_operator(self.request.user):
             return tenants
         return tenants.filter(pk__in=tenant_ids_for(self.request.user))

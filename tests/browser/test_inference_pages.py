@@ -30,12 +30,10 @@ BROWSER_INFERENCE_REDIS = "redis://127.0.0.1:6379/12"
 @pytest.fixture(autouse=True)
 def inference_redis(settings):
     settings.INFERENCE_REDIS_URL = BROWSER_INFERENCE_REDIS
-    cache._client = None
     client = cache.inference_redis()
     client.flushdb()
     yield client
     client.flushdb()
-    cache._client = None
 
 
 SECRET = re.compile(r"^gpk_[A-Za-z0-9]{10}_[A-Za-z0-9]{40}$")

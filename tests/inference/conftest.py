@@ -15,12 +15,10 @@ INFERENCE_TEST_REDIS = "redis://127.0.0.1:6379/13"
 def inference_redis(settings):
     """Each test starts with no route, key or counter documents."""
     settings.INFERENCE_REDIS_URL = INFERENCE_TEST_REDIS
-    cache._client = None
     client = cache.inference_redis()
     client.flushdb()
     yield client
     client.flushdb()
-    cache._client = None
 
 
 @pytest.fixture

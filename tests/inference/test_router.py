@@ -47,12 +47,10 @@ def inference_redis(settings, monkeypatch):
     under a key prefix of this pytest process."""
     settings.INFERENCE_REDIS_URL = ROUTER_TEST_REDIS
     monkeypatch.setattr(cache, "PREFIX", f"gpucap:inference:test{os.getpid()}:")
-    monkeypatch.setattr(cache, "_client", None)
     client = cache.inference_redis()
     _delete_matching(client, f"{cache.PREFIX}*")
     yield client
     _delete_matching(client, f"{cache.PREFIX}*")
-    cache._client = None
 
 
 def _delete_matching(client, pattern: str) -> None:

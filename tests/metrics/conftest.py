@@ -16,7 +16,7 @@ TOKEN = "metrics-test-token-0123456789abcdef"
 @pytest.fixture(autouse=True)
 def shared_counters(db):
     client = redis.Redis.from_url(METRICS_TEST_REDIS)
-    previous, metrics._client = metrics._client, client
+    previous, metrics.shared_counters_redis = metrics.shared_counters_redis, lambda: client
 
     def empty() -> None:
         keys = [metrics.shared_counter_key(counter) for counter in metrics.SHARED_COUNTERS]
@@ -25,7 +25,7 @@ def shared_counters(db):
     empty()
     yield client
     empty()
-    metrics._client = previous
+    metrics.shared_counters_redis = previous
 
 
 @pytest.fixture

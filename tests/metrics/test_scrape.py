@@ -292,7 +292,8 @@ def test_shared_counters_say_when_redis_cannot_be_read(scrape, monkeypatch):
 
     from gpucap import metrics
 
-    monkeypatch.setattr(metrics, "_client", redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    unreachable = redis.Redis.from_url("redis://127.0.0.1:1/0")
+    monkeypatch.setattr(metrics, "shared_counters_redis", lambda: unreachable)
     seen = scrape()
     assert seen.value("gpucap_shared_counters_up") == 0
     assert "gpucap_plans_made" not in seen.families

@@ -141,14 +141,14 @@ def test_an_approve_is_not_failed_by_a_metadata_cache_that_is_down(
     full_set,
     on_demand_request,
     operator,
-    monkeypatch,
+    settings,
     sent_plan_tasks,
     django_capture_on_commit_callbacks,
     caplog,
 ):
     on_demand_request()
     plan = services.capacity_set_tick(capacity_set_id=h100.pk).plan
-    monkeypatch.setattr(cache, "_client", redis.Redis(host="127.0.0.1", port=1))
+    settings.METADATA_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing answers there
 
     with caplog.at_level(logging.ERROR), django_capture_on_commit_callbacks(execute=True):
         services.plan_approve(plan=plan, actor=operator)
