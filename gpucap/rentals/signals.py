@@ -1,5 +1,6 @@
-"""The one lifecycle event: ``vm_transitioned``, sent by ``rentals.services.vm_transition``
-after every change of a VM's state (DESIGN.md section 4).
+"""What rentals tells the apps that follow a VM: ``vm_transitioned``, the one lifecycle event,
+sent by ``rentals.services.vm_transition`` after every change of a VM's state (DESIGN.md
+section 4); and ``guest_shut_down_early``, sent by the reconciler (below).
 
 Why a signal rather than an explicit dispatcher: the HackSoft Django Styleguide keeps signals
 for decoupling (and cache invalidation) only, and this is that case. Rentals must not know who
