@@ -1,7 +1,8 @@
 """What the instance metadata endpoint serves, kept in Redis by the services that change it.
 
-One key per VM address: ``gpucap:imds:ip:<address>`` -> JSON ``{"vm": "vm-42", "notice": null |
-{"reason", "issued_at", "deadline"}}`` (times as UTC ISO-8601 with ``Z``). The endpoint reads
+One key per VM address: ``gpucap:imds:ip:<address>`` -> JSON ``{"vm": "vm-42", "ip": address,
+"key": the tenant's SSH public key, "notice": null | {"reason", "issued_at", "deadline"}}`` (times
+as UTC ISO-8601 with ``Z``). The endpoint reads
 only this key, so it needs no session, template or ORM work per request. Services publish after
 their transaction commits; ``metadata_resync`` rebuilds every key (run by the periodic sweep) so
 a lost publish heals within one sweep interval.
@@ -26,6 +27,8 @@ def metadata_key(ip_address: str) -> str:
 def metadata_document(vm, notice) -> dict:
     return {
         "vm": vm.instance_id,
+        "ip": vm.ip_address,
+        "key": vm.ssh_public_key.strip(),
         "notice": None
         if notice is None
         else {

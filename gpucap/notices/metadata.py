@@ -206,6 +206,18 @@ def _ec2(render):
     return handler
 
 
+# The VM's address and SSH key, as EC2 serves them, for images that read the metadata service
+# rather than their NoCloud seed. One key, under index 0; EC2 names it after its key pair, and a
+# VM's key here has no other name than "gpucap". A document published before these fields
+# existed answers 404 until the next resync.
+_EC2_KEY_NAME = "gpucap"
+
+
+def _public_key(document) -> str | None:
+    key = document.get("key")
+    return f"{key}\n" if key else None
+
+
 def _instance_action(document) -> str | None:
     notice = document["notice"]
     if notice is None:
@@ -459,6 +471,14 @@ def _parse_z(moment: str) -> datetime:
 _ROUTES = {
     "/latest/api/token": {"PUT": ec2_token},
     "/latest/meta-data/instance-id": {"GET": _ec2(lambda document: document["vm"])},
+    "/latest/meta-data/local-ipv4": {"GET": _ec2(lambda document: document.get("ip"))},
+    "/latest/meta-data/public-keys/": {
+        "GET": _ec2(lambda document: f"0={_EC2_KEY_NAME}" if document.get("key") else None)
+    },
+    "/latest/meta-data/public-keys/0/": {
+        "GET": _ec2(lambda document: "openssh-key" if document.get("key") else None)
+    },
+    "/latest/meta-data/public-keys/0/openssh-key": {"GET": _ec2(_public_key)},
     "/latest/meta-data/spot/instance-action": {"GET": _ec2(_instance_action)},
     "/latest/meta-data/spot/termination-time": {"GET": _ec2(_termination_time)},
     "/computeMetadata/v1/instance/preempted": {"GET": gcp_preempted},

@@ -524,3 +524,38 @@ def test_native_interruption_and_acknowledgement(guest_a, vm_at):
     assert ack.status == 200
     assert json.loads(ack.data) == {"acknowledged": True, "vm": vm.instance_id}
     assert vm.state == State.STOPPING
+
+
+# --- the VM's own address and SSH key, as EC2 serves them ------------------------------------
+
+
+def test_a_guest_reads_its_address_and_its_tenants_ssh_key_as_ec2_serves_them(
+    guest_a, guest_b, vm_at
+):
+    vm_a, vm_b = vm_at(A), vm_at(B)
+    VirtualMachine.objects.filter(pk=vm_b.pk).update(ssh_public_key="ssh-ed25519 BBBB other@b")
+    cache.metadata_publish(vm_b.pk)
+    token = guest_a.token()
+
+    assert guest_a.ec2("local-ipv4", token).data.decode() == A
+    assert guest_a.ec2("public-keys/", token).data.decode() == "0=gpucap"
+    assert guest_a.ec2("public-keys/0/", token).data.decode() == "openssh-key"
+    key = guest_a.ec2("public-keys/0/openssh-key", token)
+    assert (key.status, key.data.decode()) == (200, vm_a.ssh_public_key.strip() + "\n")
+    # Each guest reads its own: B's key never reaches A, and A's token does not open B's.
+    assert guest_b.ec2("public-keys/0/openssh-key", guest_b.token()).data.decode() == (
+        "ssh-ed25519 BBBB other@b\n"
+    )
+    assert guest_b.ec2("public-keys/0/openssh-key", token).status == 401
+    assert guest_a.ec2("public-keys/0/openssh-key", None).status == 401
+
+
+def test_a_document_published_before_addresses_and_keys_answers_404_for_them(guest_a, vm_at):
+    vm = vm_at(A)
+    client = cache.metadata_redis()
+    client.set(cache.metadata_key(A), json.dumps({"vm": vm.instance_id, "notice": None}))
+    token = guest_a.token()
+
+    assert guest_a.ec2("instance-id", token).data.decode() == vm.instance_id
+    for path in ("local-ipv4", "public-keys/", "public-keys/0/openssh-key"):
+        assert guest_a.ec2(path, token).status == 404, path
