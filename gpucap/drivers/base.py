@@ -46,6 +46,19 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class GuestNetwork:
+    """The guest's one interface, as gpucap assigned it from its node's guest subnet: its MAC,
+    its address with the subnet's prefix (``10.200.0.18/24``), the gateway (the node's own
+    address on the bridge), the name servers, and the node's guest bridge it plugs into."""
+
+    mac: str
+    address: str
+    gateway: str = ""
+    nameservers: tuple[str, ...] = ()
+    bridge: str = ""
+
+
+@dataclass(frozen=True)
 class VmSpec:
     """What a driver needs to create a VM."""
 
@@ -55,6 +68,12 @@ class VmSpec:
     image: str
     ssh_public_key: str
     role: str = "rental"  # or "inference_replica"
+    user_data: str = ""  # the tenant's own cloud-init user-data, checked already
+    # None: the node has no guest subnet and its hypervisor gives the address (the simulated
+    # driver, libvirt's NAT network).
+    network: GuestNetwork | None = None
+    # Inference replicas: the TCP port the image's model server listens on (its endpoint).
+    service_port: int | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,15 @@
 A VM is a persistent domain named by its instance id, with its GPUs passed through as PCI
 host devices (see ``libvirt_xml``) and a disk of its own: a qcow2 overlay on the image, created
 as a volume in the node's libvirt storage pool (``storage_pool``), so that creating and
-deleting it works over the same connection as everything else, remote or local.
+deleting it works over the same connection as everything else, remote or local. Its NoCloud
+seed (``seed``: SSH key, user-data, address) is a second volume there, ``<instance>.seed.iso``,
+uploaded through the same connection and written afresh at every create (the address or the
+tenant's key may have changed since the last boot); the overlay is kept until destroy.
+
+A guest whose node has a guest subnet plugs into the node's guest bridge with the MAC and address
+gpucap gave it; the domain's ``<metadata>`` records that address (and an inference replica's
+endpoint), which ``status`` reports back. Such a guest reaches the metadata endpoint through
+the node's proxy on 169.254.169.254 (docs/node-setup.md).
 
 Connections are kept per URI for the life of the process and reused by every driver object.
 That saves an SSH handshake per call, and it is what makes libvirt's built-in test hypervisor
@@ -43,17 +51,27 @@ from gpucap.drivers.base import (
     VmStatus,
     settings_parse,
 )
-from gpucap.drivers.libvirt_xml import DomainShape, domain_xml, overlay_volume_xml
+from gpucap.drivers.libvirt_xml import (
+    DomainShape,
+    domain_xml,
+    instance_metadata,
+    overlay_volume_xml,
+    raw_volume_xml,
+)
+from gpucap.drivers.seed import Seed, SeedError, seed_iso
 
 logger = logging.getLogger(__name__)
 
 _IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
-def _template(*, allowed: set[str], required: frozenset[str] = frozenset()):
-    """A check for a setting that is a ``str.format`` template with these placeholders."""
+def _template(*, allowed: set[str], required: frozenset[str] = frozenset(), empty: bool = False):
+    """A check for a setting that is a ``str.format`` template with these placeholders (or, if
+    ``empty``, nothing: the feature is off)."""
 
     def problem(template: str) -> str:
+        if empty and template == "":
+            return ""
         if not template.strip():
             return "must not be empty"
         try:
@@ -99,6 +117,21 @@ class LibvirtSettings:
     firmware: str = field(default="efi", metadata={"check": _one_of("efi", "bios")})
     grace_seconds: float = field(default=30.0, metadata={"minimum": 0})
     poll_seconds: float = field(default=1.0, metadata={"minimum": 0.01})
+    # False leaves the GPUs out of every domain: for rigs with no GPUs to pass (CI, a lab), so
+    # everything else runs for real. Never on a production cluster; its page says so.
+    gpu_passthrough: bool = True
+    # Images shipped as a kernel and an initrd boot them directly (templates on {image}).
+    kernel_path: str = field(
+        default="", metadata={"check": _template(allowed={"image"}, empty=True)}
+    )
+    initrd_path: str = field(
+        default="", metadata={"check": _template(allowed={"image"}, empty=True)}
+    )
+    kernel_cmdline: str = "console=ttyS0"
+    # Each guest's serial console to a file on its node ({instance}); empty: a pty.
+    serial_log_path: str = field(
+        default="", metadata={"check": _template(allowed={"instance"}, empty=True)}
+    )
 
     @property
     def shape(self) -> DomainShape:
@@ -109,6 +142,11 @@ class LibvirtSettings:
             machine=self.machine,
             firmware=self.firmware,
             network=self.network,
+            gpu_passthrough=self.gpu_passthrough,
+            kernel=self.kernel_path,
+            initrd=self.initrd_path,
+            cmdline=self.kernel_cmdline if self.kernel_path else "",
+            serial_log=self.serial_log_path,
         )
 
 
@@ -127,14 +165,16 @@ class LibvirtDriver:
             domain = _lookup(connection, spec.instance_id)
             if domain is not None and domain.isActive():
                 return self._status(domain)
-            # Defined (a retry, or a VM started again) or new: (re)define with the GPUs it holds
-            # now, keeping its disk.
+            # Defined (a retry, or a VM started again) or new: (re)define with the GPUs, address
+            # and seed it has now, keeping its disk.
             disk_path = self._overlay(connection, spec.instance_id, spec.node, image_path)
+            seed_path = self._seed(connection, spec)
             xml = domain_xml(
                 spec,
                 shape=self.settings.shape,
                 disk_path=disk_path,
                 image_path=image_path,
+                seed_path=seed_path,
                 uuid=None if domain is None else domain.UUIDString(),
             )
             domain = connection.defineXML(xml)
@@ -184,7 +224,8 @@ class LibvirtDriver:
                     _unless_off(domain, domain.destroy)
                 _undefine(domain)
             # Also when the domain is already gone: a destroy that died halfway left the disk.
-            self._overlay_delete(connection, instance_id)
+            self._volume_delete(connection, f"{instance_id}.qcow2")
+            self._volume_delete(connection, f"{instance_id}{SEED_SUFFIX}")
             return VmStatus(state=MISSING)
 
     def status(self, instance_id: str, node: str) -> VmStatus:
@@ -214,16 +255,20 @@ class LibvirtDriver:
             )
         return self.settings.image_path.format(image=image)
 
-    def _overlay(
-        self, connection: libvirt.virConnect, instance_id: str, node: str, image_path: str
-    ) -> str:
-        """The VM's disk: kept across stop and start, created on first use."""
+    def _pool(self, connection: libvirt.virConnect, node: str) -> libvirt.virStoragePool:
         pool = _storage_pool(connection, self.settings.storage_pool)
         if pool is None:
             raise DriverError(
                 f"node {node} has no libvirt storage pool {self.settings.storage_pool!r} for VM "
                 "disks (define a dir pool there, or set driver_settings.storage_pool)"
             )
+        return pool
+
+    def _overlay(
+        self, connection: libvirt.virConnect, instance_id: str, node: str, image_path: str
+    ) -> str:
+        """The VM's disk: kept across stop and start, created on first use."""
+        pool = self._pool(connection, node)
         name = f"{instance_id}.qcow2"
         volume = _volume(pool, name)
         if volume is None:
@@ -238,9 +283,43 @@ class LibvirtDriver:
                     raise
         return volume.path()
 
-    def _overlay_delete(self, connection: libvirt.virConnect, instance_id: str) -> None:
+    def _seed(self, connection: libvirt.virConnect, spec: VmSpec) -> str:
+        """The VM's NoCloud seed as it should be now, written over any older one."""
+        if spec.network is not None and not spec.network.bridge:
+            raise DriverError(
+                f"node {spec.node} has a guest subnet but no guest bridge for {spec.instance_id}"
+            )
+        try:
+            iso = seed_iso(
+                Seed(
+                    instance_id=spec.instance_id,
+                    hostname=spec.instance_id,
+                    ssh_public_key=spec.ssh_public_key,
+                    user_data=spec.user_data,
+                    network=spec.network,
+                )
+            )
+        except SeedError as error:
+            raise DriverError(f"{spec.instance_id}: {error}") from error
+        pool = self._pool(connection, spec.node)
+        name = f"{spec.instance_id}{SEED_SUFFIX}"
+        volume = _volume(pool, name)
+        if volume is not None and volume.info()[1] != len(iso):
+            _ignoring(volume.delete, libvirt.VIR_ERR_NO_STORAGE_VOL, 0)
+            volume = None
+        if volume is None:
+            try:
+                volume = pool.createXML(raw_volume_xml(name, size=len(iso)), 0)
+            except libvirt.libvirtError:
+                volume = _volume(pool, name)  # created by a concurrent call: fine
+                if volume is None:
+                    raise
+        volume_write(connection, volume, iso)
+        return volume.path()
+
+    def _volume_delete(self, connection: libvirt.virConnect, name: str) -> None:
         pool = _storage_pool(connection, self.settings.storage_pool)
-        volume = None if pool is None else _volume(pool, f"{instance_id}.qcow2")
+        volume = None if pool is None else _volume(pool, name)
         if volume is not None:
             _ignoring(volume.delete, libvirt.VIR_ERR_NO_STORAGE_VOL, 0)
 
@@ -252,8 +331,15 @@ class LibvirtDriver:
                 return VmStatus(state=MISSING)
             raise
         vm_state, message = _vm_state(state, reason)
-        ip_address = _ip_address(domain) if vm_state == RUNNING else None
-        return VmStatus(state=vm_state, ip_address=ip_address, message=message)
+        if vm_state != RUNNING:
+            return VmStatus(state=vm_state, message=message)
+        recorded = instance_metadata(domain.XMLDesc())
+        return VmStatus(
+            state=vm_state,
+            ip_address=recorded.get("address") or _ip_address(domain),
+            endpoint_url=recorded.get("endpoint") or None,
+            message=message,
+        )
 
 
 # --- connections -------------------------------------------------------------------------------
@@ -450,6 +536,29 @@ def _ip_address(domain: libvirt.virDomain) -> str | None:
 
 
 # --- storage -----------------------------------------------------------------------------------
+
+SEED_SUFFIX = ".seed.iso"
+
+
+def volume_write(
+    connection: libvirt.virConnect, volume: libvirt.virStorageVol, data: bytes
+) -> None:
+    """Write ``data`` over ``volume`` through the connection (so it works on a remote node)."""
+    stream = connection.newStream(0)
+    try:
+        volume.upload(stream, 0, len(data), 0)
+        for start in range(0, len(data), _UPLOAD_CHUNK):
+            chunk = data[start : start + _UPLOAD_CHUNK]
+            while chunk:
+                sent = stream.send(chunk)
+                chunk = chunk[sent:]
+        stream.finish()
+    except libvirt.libvirtError:
+        _ignoring(stream.abort)
+        raise
+
+
+_UPLOAD_CHUNK = 256 * 1024
 
 
 def _storage_pool(connection: libvirt.virConnect, name: str) -> libvirt.virStoragePool | None:

@@ -18,25 +18,17 @@ import io
 import ipaddress
 import json
 from dataclasses import dataclass
+from email.charset import Charset
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
 import pycdlib
 import yaml
 
+from gpucap.drivers.base import GuestNetwork
+
 VOLUME_LABEL = "cidata"
 USER_DATA_LIMIT = 16 * 1024  # bytes, as EC2 allows
-
-
-@dataclass(frozen=True)
-class GuestNetwork:
-    """The guest's one interface: its MAC, its address with the subnet's prefix
-    (``10.200.0.18/24``), the gateway and the name servers."""
-
-    mac: str
-    address: str
-    gateway: str = ""
-    nameservers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,7 +103,7 @@ def _user_data(seed: Seed) -> bytes:
     # A boundary from the content: the same seed is the same bytes, whoever builds it.
     digest = hashlib.sha256(f"{config}\0{seed.user_data}".encode()).hexdigest()[:32]
     message = MIMEMultipart(boundary=f"gpucap-{digest}")
-    message.attach(MIMEText(config, "cloud-config", "utf-8"))
+    message.attach(MIMEText(config, "cloud-config", _EIGHT_BIT))
     message.attach(_tenant_part(seed.user_data))
     return message.as_bytes()
 
@@ -126,7 +118,12 @@ def _tenant_part(user_data: str) -> MIMEText:
         "#cloud-boothook": "cloud-boothook",
     }
     first = next((kind for prefix, kind in subtype.items() if user_data.startswith(prefix)), "")
-    return MIMEText(user_data, first or "plain", "utf-8")
+    return MIMEText(user_data, first or "plain", _EIGHT_BIT)
+
+
+# Parts as written, not base64: what an operator reads on the seed is what the tenant gave.
+_EIGHT_BIT = Charset("utf-8")
+_EIGHT_BIT.body_encoding = None
 
 
 def _network_config(network: GuestNetwork) -> dict:

@@ -187,13 +187,13 @@ def _spec(vm: VirtualMachine) -> VmSpec:
 
 
 def _create(driver, vm: VirtualMachine, *, first: bool) -> VmStatus:
-    """Create on the first run; later runs poll, creating again only if the VM went missing.
-    A VM that exists but is off (placed again on the node that keeps its disk) is started."""
+    """Create on the first run; later runs poll, creating again only if the VM went missing or
+    is off. A VM that exists but is off (placed again on the node that keeps its disk) is
+    created again over its disk: redefined with the GPUs, address and seed it has now, which may
+    differ from those of its last boot."""
     status = None if first else driver.status(vm.instance_id, vm.node.hostname)
-    if status is None or status.state == MISSING:
+    if status is None or status.state in (MISSING, STOPPED):
         status = driver.create(_spec(vm))
-    if status.state == STOPPED:
-        status = driver.start(vm.instance_id, vm.node.hostname)
     return status
 
 

@@ -54,7 +54,21 @@ def simulated(sim_namespace):
 
 
 @pytest.fixture
-def hypervisor():
+def uploads(monkeypatch) -> dict[str, bytes]:
+    """What the driver uploaded into volumes, by volume name. The test hypervisor cannot upload
+    (``virStorageVolUpload`` is not supported by it), so this one call is recorded instead; the
+    real upload runs against a real libvirtd in tests/realguest."""
+    written: dict[str, bytes] = {}
+    monkeypatch.setattr(
+        libvirt_driver,
+        "volume_write",
+        lambda connection, volume, data: written.__setitem__(volume.name(), data),
+    )
+    return written
+
+
+@pytest.fixture
+def hypervisor(uploads):
     """A fresh libvirt test hypervisor: its domains live in the connection, and the driver keeps
     one connection per URI, so dropping the cached ones starts from its default state."""
     libvirt_driver.connections_close()

@@ -2,15 +2,24 @@
 XML passes each GPU through at its PCI address, the lifecycle works and every call is harmless
 twice, and libvirt's errors come back as the driver's errors."""
 
+import io
+import json
 import re
 import time
 import xml.etree.ElementTree as ET
 
 import libvirt
+import pycdlib
 import pytest
 
 from gpucap.drivers import libvirt as libvirt_driver
-from gpucap.drivers.base import DriverError, DriverUnavailable, GpuDevice, VmStatus
+from gpucap.drivers.base import (
+    DriverError,
+    DriverUnavailable,
+    GpuDevice,
+    GuestNetwork,
+    VmStatus,
+)
 from gpucap.drivers.libvirt import LibvirtDriver
 from gpucap.drivers.libvirt_xml import METADATA_NAMESPACE, DomainShape, domain_xml
 from tests.drivers.conftest import (
@@ -336,3 +345,150 @@ def test_a_connection_lost_mid_call_is_a_transient_error(hypervisor, monkeypatch
 
     with pytest.raises(DriverUnavailable, match=r"libvirt on h100-001 .*: Cannot write data"):
         hypervisor.status("vm-1", "h100-001")
+
+
+# --- a real guest's seed, network and boot (issue 14) ------------------------------------------
+
+NETWORK = GuestNetwork(
+    mac="52:54:00:0A:D5:00", address="10.213.0.7/24", gateway="10.213.0.1", bridge="gpubr0"
+)
+
+
+def iso_file(data: bytes, name: str) -> bytes:
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(io.BytesIO(data))
+    try:
+        out = io.BytesIO()
+        iso.get_file_from_iso_fp(out, rr_path=f"/{name}")
+        return out.getvalue()
+    finally:
+        iso.close()
+
+
+def test_a_guest_with_a_gpucap_address_plugs_into_its_nodes_bridge_with_its_mac(hypervisor):
+    hypervisor.create(vm_spec("vm-90", network=NETWORK))
+    interface = ET.fromstring(defined_xml("vm-90")).find("devices/interface")
+
+    assert interface.get("type") == "bridge"
+    assert interface.find("source").get("bridge") == "gpubr0"
+    assert interface.find("mac").get("address") == "52:54:00:0a:d5:00"
+    assert interface.find("model").get("type") == "virtio"
+
+
+def test_a_guest_without_one_stays_on_the_clusters_network(hypervisor):
+    hypervisor.create(vm_spec("vm-91"))
+    interface = ET.fromstring(defined_xml("vm-91")).find("devices/interface")
+
+    assert (interface.get("type"), interface.find("source").get("network")) == (
+        "network",
+        "default",
+    )
+
+
+def test_the_seed_is_uploaded_and_attached_read_only_with_the_key_and_address(hypervisor, uploads):
+    hypervisor.create(vm_spec("vm-92", network=NETWORK, user_data="#!/bin/sh\necho hi\n"))
+    disks = ET.fromstring(defined_xml("vm-92")).findall("devices/disk")
+    seed = uploads["vm-92.seed.iso"]
+
+    assert [d.find("target").get("dev") for d in disks] == ["vda", "vdb"]
+    assert disks[1].find("source").get("file").endswith("vm-92.seed.iso")
+    assert disks[1].find("readonly") is not None
+    assert SSH_KEY.encode() in iso_file(seed, "user-data")
+    assert b"echo hi" in iso_file(seed, "user-data") or b"ZWNobyBoaQ" in iso_file(seed, "user-data")
+    assert json.loads(iso_file(seed, "network-config"))["ethernets"]["eth0"]["addresses"] == [
+        "10.213.0.7/24"
+    ]
+    assert json.loads(iso_file(seed, "meta-data"))["instance-id"] == "vm-92"
+
+
+def test_the_seed_is_written_afresh_when_the_vm_boots_again_with_a_new_address(hypervisor, uploads):
+    hypervisor.create(vm_spec("vm-93", network=NETWORK))
+    hypervisor.stop("vm-93", "h100-001")
+    moved = GuestNetwork(mac="52:54:00:0a:d5:09", address="10.213.0.9/24", bridge="gpubr0")
+
+    hypervisor.create(vm_spec("vm-93", network=moved))
+    config = json.loads(iso_file(uploads["vm-93.seed.iso"], "network-config"))
+
+    assert config["ethernets"]["eth0"]["addresses"] == ["10.213.0.9/24"]
+    assert volume_names().count("vm-93.seed.iso") == 1
+
+
+def test_status_reports_the_gpucap_address_and_a_replicas_endpoint(hypervisor):
+    spec = vm_spec("vm-94", network=NETWORK, role="inference_replica", service_port=8000)
+
+    status = hypervisor.create(spec)
+
+    assert status.ip_address == "10.213.0.7"
+    assert status.endpoint_url == "http://10.213.0.7:8000"
+    assert hypervisor.status("vm-94", "h100-001").endpoint_url == "http://10.213.0.7:8000"
+
+
+def test_destroy_removes_the_seed_with_the_disk(hypervisor):
+    hypervisor.create(vm_spec("vm-95", network=NETWORK))
+
+    hypervisor.destroy("vm-95", "h100-001")
+
+    assert "vm-95.seed.iso" not in volume_names()
+    assert "vm-95.qcow2" not in volume_names()
+
+
+def test_user_data_that_cannot_go_into_a_seed_is_refused_by_name(hypervisor):
+    with pytest.raises(DriverError, match=r"vm-96: user_data: must be text without NUL"):
+        hypervisor.create(vm_spec("vm-96", user_data="\x00"))
+
+
+def test_a_subnet_without_a_bridge_is_refused(hypervisor):
+    bridgeless = GuestNetwork(mac="52:54:00:0a:d5:01", address="10.213.0.8/24")
+
+    with pytest.raises(DriverError, match="node h100-001 has a guest subnet but no guest bridge"):
+        hypervisor.create(vm_spec("vm-97", network=bridgeless))
+
+
+def test_a_rig_without_gpus_to_pass_leaves_the_host_devices_out():
+    shape = DomainShape(vcpus_per_gpu=1, memory_gib_per_gpu=1, gpu_passthrough=False)
+
+    xml = domain_xml(vm_spec("vm-1"), shape=shape, disk_path="/d", image_path="/i")
+
+    assert hostdev_addresses(xml) == []
+    assert ET.fromstring(xml).findtext("vcpu") == "2"  # still sized by the GPUs it holds
+
+
+def test_an_image_shipped_as_kernel_and_initrd_boots_directly_under_emulation():
+    shape = DomainShape(
+        vcpus_per_gpu=1,
+        memory_gib_per_gpu=1,
+        domain_type="qemu",
+        kernel="/images/{image}.vmlinuz",
+        initrd="/images/{image}.initrd",
+        cmdline="console=ttyS0",
+        serial_log="/var/log/gpucap/{instance}.log",
+    )
+
+    domain = ET.fromstring(
+        domain_xml(vm_spec("vm-5", image="tiny"), shape=shape, disk_path="/d", image_path="/i")
+    )
+
+    assert domain.get("type") == "qemu"
+    assert domain.find("cpu") is None  # no host CPU to pass through under TCG
+    assert domain.findtext("os/kernel") == "/images/tiny.vmlinuz"
+    assert domain.findtext("os/initrd") == "/images/tiny.initrd"
+    assert domain.findtext("os/cmdline") == "console=ttyS0"
+    assert domain.find("devices/serial").get("type") == "file"
+    assert domain.find("devices/serial/source").get("path") == "/var/log/gpucap/vm-5.log"
+
+
+def test_boot_and_console_settings_are_checked_by_name():
+    with pytest.raises(DriverError) as caught:
+        LibvirtDriver(
+            {
+                **LIBVIRT_TEST_SETTINGS,
+                "kernel_path": "/images/{name}.vmlinuz",
+                "serial_log_path": "/var/log/{node}.log",
+                "gpu_passthrough": "no",
+            }
+        )
+
+    message = str(caught.value)
+    assert "kernel_path: unknown placeholder {name} (it may use {image})" in message
+    assert "serial_log_path: unknown placeholder {node} (it may use {instance})" in message
+    assert "gpu_passthrough: must be true or false, got 'no'" in message
