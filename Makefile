@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test bench lint format install install-dev db migrate demo browser libvirt-dev wrk clean
+.PHONY: run test bench lint format install install-dev db migrate demo browser libvirt-dev realguest wrk clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,17 @@ libvirt-dev:
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: install-dev browser lint
+# Debian's libvirtd, QEMU and nginx for the real-guest tests (tests/realguest): a node without GPUs
+# on this machine, booting real guests behind the shipped metadata proxy. The tests start their
+# own private libvirtd and nginx; the guest's kernel and busybox come from Debian at test time.
+realguest:
+	@command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null \
+		&& command -v qemu-img >/dev/null && command -v nginx >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends libvirt-daemon-system qemu-system-x86 qemu-utils nginx \
+			iproute2 >/dev/null)
+
+test: install-dev browser realguest lint
 	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/pytest
 
