@@ -113,19 +113,23 @@ def gpu_mask(gpus: Iterable[int]) -> int:
 # (fleet services and fleet files) and a snapshot file (`validation`).
 
 
-def partition_table_problems(partitions: object, gpu_count: int) -> list[str]:
+def partition_table_problems(
+    partitions: object, gpu_count: int, *, names: Sequence[str] | None = None
+) -> list[str]:
     """What is wrong with a partition table an operator entered for a node of ``gpu_count``
     GPUs (empty: nothing).
 
     A table lists NVLink partitions as lists of GPU indices, as Fabric Manager reports them.
     Each partition has 1, 2, 4 or 8 distinct GPUs of the node, and no partition is listed twice.
+    ``names`` words each partition for its reader (a Fabric Manager import names Fabric
+    Manager's partition ids); by default partitions are numbered from 1.
     """
     if not isinstance(partitions, list) or not partitions:
         return ["must be a non-empty list of partitions (lists of GPU indices)"]
     problems = []
     seen = set()
     for position, block in enumerate(partitions):
-        label = f"partition {position + 1}"
+        label = names[position] if names is not None else f"partition {position + 1}"
         if not isinstance(block, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in block
         ):

@@ -1,16 +1,19 @@
 """Read-mostly admin aids for operators. Changes that matter to plans go through services (the
 pages and the API); the admin shows the fleet and lets an operator fix descriptive fields."""
 
+from django import forms
 from django.contrib import admin
 
+from gpucap.fleet import services as fleet
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.services.fabric import module_id_problem, module_ids_problem
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ["index", "uuid", "pci_address", "health"]
-    readonly_fields = ["index", "uuid", "pci_address", "health"]
+    fields = ["index", "uuid", "pci_address", "module_id", "health"]
+    readonly_fields = ["index", "uuid", "pci_address", "module_id", "health"]
     can_delete = False
 
 
@@ -58,17 +61,46 @@ class NodeAdmin(admin.ModelAdmin):
         "gpu_count",
         "state",
         "partitions",
+        "fabric_partition_ids",
     ]
     inlines = [GpuInline]
 
 
+class GpuForm(forms.ModelForm):
+    """A GPU's one editable field, its Fabric Manager module id, checked as the service checks
+    it (the node is read-only here, so the form would not check the id is free on it)."""
+
+    class Meta:
+        model = Gpu
+        fields = ["module_id"]
+
+    def clean_module_id(self) -> int | None:
+        module_id = self.cleaned_data["module_id"]
+        others = Gpu.objects.filter(node=self.instance.node_id).exclude(pk=self.instance.pk)
+        problem = module_id_problem(module_id) or module_ids_problem(
+            dict(others.values_list("index", "module_id")) | {self.instance.index: module_id}
+        )
+        if problem:
+            raise forms.ValidationError(problem)
+        return module_id
+
+
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "uuid", "pci_address", "health"]
+    form = GpuForm
+    list_display = ["__str__", "uuid", "pci_address", "module_id", "health"]
     list_filter = ["health", "node__cluster"]
     search_fields = ["uuid", "node__hostname", "pci_address"]
     list_select_related = ["node"]
     readonly_fields = ["node", "index", "uuid", "pci_address", "health"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # GPUs are registered with their node
+
+    def save_model(self, request, obj, form, change) -> None:
+        # The module id is the one field edited here; the service checks and audits it.
+        if change and "module_id" in form.changed_data:
+            fleet.gpu_set_module_id(gpu=obj, module_id=obj.module_id, actor=request.user)
 
 
 @admin.register(Pool)

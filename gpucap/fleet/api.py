@@ -41,7 +41,7 @@ PCI_ADDRESS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
 class NodeGpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
-        fields = ["id", "index", "uuid", "pci_address", "health"]
+        fields = ["id", "index", "uuid", "pci_address", "module_id", "health"]
         read_only_fields = fields
 
 
@@ -50,7 +50,16 @@ class GpuSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Gpu
-        fields = ["id", "node", "node_hostname", "index", "uuid", "pci_address", "health"]
+        fields = [
+            "id",
+            "node",
+            "node_hostname",
+            "index",
+            "uuid",
+            "pci_address",
+            "module_id",
+            "health",
+        ]
         read_only_fields = fields
 
 
@@ -64,6 +73,13 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only=True,
         allow_null=True,
         help_text="NVSwitch partition table in GPU indices; null means the default table.",
+    )
+    fabric_partition_ids = serializers.ListField(
+        child=serializers.IntegerField(allow_null=True),
+        read_only=True,
+        allow_null=True,
+        help_text="Fabric Manager's partition id of each partition of the table, in the same "
+        "order (manage.py fabric_partitions_import); null: not imported.",
     )
     labels = serializers.DictField(child=serializers.CharField(), read_only=True)
     gpus = NodeGpuSerializer(many=True, read_only=True)
@@ -82,6 +98,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpu_count",
             "state",
             "partitions",
+            "fabric_partition_ids",
             "bmc_address",
             "labels",
             "gpus",
@@ -219,6 +236,12 @@ class ClusterWriteSerializer(InputSerializer):
     )
 
 
+_MODULE_ID_HELP = (
+    "Fabric Manager's module (physical) id of the card, 1..8 on an HGX baseboard: how its "
+    "partition listing names the GPU. Null: not known."
+)
+
+
 class GpuInputSerializer(InputSerializer):
     index = serializers.IntegerField()
     uuid = serializers.CharField(max_length=64, required=False)
@@ -226,6 +249,11 @@ class GpuInputSerializer(InputSerializer):
         PCI_ADDRESS,
         required=False,
         error_messages={"invalid": "must be a PCI address like 0000:18:00.0 (lower-case hex)"},
+    )
+    module_id = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text=_MODULE_ID_HELP,
     )
     health = choice_field(Gpu.Health.choices, required=False)
 
@@ -353,6 +381,10 @@ class PoolFloorSerializer(InputSerializer):
 
 class GpuHealthSerializer(InputSerializer):
     health = choice_field(Gpu.Health.choices)
+
+
+class GpuModuleIdSerializer(InputSerializer):
+    module_id = serializers.IntegerField(allow_null=True, help_text=_MODULE_ID_HELP)
 
 
 # --- viewsets ---------------------------------------------------------------------------------
@@ -520,6 +552,15 @@ class GpuViewSet(ServiceWrites, viewsets.ReadOnlyModelViewSet):
         gpu = self.get_object()
         data = self.validated(GpuHealthSerializer, request.data)
         fleet.gpu_set_health(gpu=gpu, health=data["health"], actor=request.user)
+        return Response(self.read(gpu))
+
+    @extend_schema(request=GpuModuleIdSerializer, responses=GpuSerializer)
+    @action(detail=True, methods=["post"], url_path="module-id")
+    def module_id(self, request, pk=None):
+        """Set (or with null clear) the GPU's Fabric Manager module id; unique on its node."""
+        gpu = self.get_object()
+        data = self.validated(GpuModuleIdSerializer, request.data)
+        gpu = fleet.gpu_set_module_id(gpu=gpu, module_id=data["module_id"], actor=request.user)
         return Response(self.read(gpu))
 
 

@@ -5,8 +5,11 @@ that span rows (a node joins only a set of its own cluster, GPU model and fabric
 the set) live in ``gpucap.fleet.services``.
 """
 
+from collections.abc import Iterable
+
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Func, IntegerField, Q
+from django.db.models.lookups import Exact
 
 from gpucap.tenancy.models import Tenant
 
@@ -107,6 +110,18 @@ class Node(models.Model):
         help_text="NVSwitch partition table as Fabric Manager lists it, in GPU indices. "
         "Empty means the default table for the node's GPU count.",
     )
+    # The Fabric Manager partition id of each partition of ``partitions``, in the same order
+    # (null where Fabric Manager's id is not known), as ``fabric_partitions_import`` stores it
+    # from the node's ``nv-partitioner -o 0`` listing. A list beside the table rather than a
+    # model of its own: ``partitions`` stays the one table the arbiter reads, the driver task
+    # finds a VM's id on the node row it loads anyway, and the database checks both lists
+    # line up.
+    fabric_partition_ids = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Fabric Manager's partition id for each partition of the table, in the same "
+        "order (null: not imported). Activated before a VM on its GPUs starts.",
+    )
     bmc_address = models.CharField(max_length=253, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -131,10 +146,40 @@ class Node(models.Model):
                 condition=Q(partitions__isnull=True) | Q(fabric="nvswitch"),
                 name="node_partitions_only_on_nvswitch",
             ),
+            models.CheckConstraint(
+                condition=Q(fabric_partition_ids__isnull=True)
+                | Q(partitions__isnull=False)
+                & Q(
+                    Exact(
+                        Func(
+                            F("fabric_partition_ids"),
+                            function="jsonb_array_length",
+                            output_field=IntegerField(),
+                        ),
+                        Func(
+                            F("partitions"),
+                            function="jsonb_array_length",
+                            output_field=IntegerField(),
+                        ),
+                    )
+                ),
+                name="node_fabric_partition_ids_match_partitions",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.hostname
+
+    def fabric_partition_id(self, gpus: Iterable[int]) -> int | None:
+        """Fabric Manager's id for the partition made of exactly these GPU indices, or None (no
+        ids imported, or no such partition in the node's own table)."""
+        if not self.partitions or not self.fabric_partition_ids:
+            return None
+        wanted = sorted(gpus)
+        for block, partition_id in zip(self.partitions, self.fabric_partition_ids, strict=True):
+            if sorted(block) == wanted:
+                return partition_id
+        return None
 
 
 class Gpu(models.Model):
@@ -148,6 +193,12 @@ class Gpu(models.Model):
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField(max_length=64, unique=True)
     pci_address = models.CharField(max_length=16)
+    module_id = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Fabric Manager's module (physical) id of the card, 1..8 on an HGX baseboard; "
+        "how a partition listing names it.",
+    )
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.OK)
 
     class Meta:
@@ -155,6 +206,13 @@ class Gpu(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["node", "index"], name="gpu_node_index_unique"),
             models.UniqueConstraint(fields=["node", "pci_address"], name="gpu_node_pci_unique"),
+            # NULLs are distinct: only the module ids that are set must differ on a node.
+            models.UniqueConstraint(fields=["node", "module_id"], name="gpu_node_module_unique"),
+            models.CheckConstraint(
+                condition=Q(module_id__isnull=True)
+                | Q(module_id__gte=1) & Q(module_id__lte=MAX_GPUS_PER_NODE),
+                name="gpu_module_id_range",
+            ),
             models.CheckConstraint(
                 condition=Q(index__lt=MAX_GPUS_PER_NODE), name="gpu_index_range"
             ),

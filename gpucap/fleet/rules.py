@@ -3,6 +3,8 @@ and a fleet file's diff before it applies anything (gpucap.fleet.fleetfile). Eac
 stated once, here; a caller may word the context around it (a file names its keys), never the
 rule itself. Topology rules (block sizes, partition tables) live in gpucap.arbiter.topology."""
 
+from collections.abc import Sequence
+
 from gpucap.arbiter.topology import partition_table_problems
 from gpucap.fleet.models import Fabric
 
@@ -11,11 +13,14 @@ NOTICE_SECONDS_MIN = 1
 NOTICE_SECONDS_MAX = 86400
 
 
-def node_partitions_problems(*, fabric: str, gpu_count: int, partitions: object) -> list[str]:
-    """What is wrong with a partition table given for a node (empty: nothing)."""
+def node_partitions_problems(
+    *, fabric: str, gpu_count: int, partitions: object, names: Sequence[str] | None = None
+) -> list[str]:
+    """What is wrong with a partition table given for a node (empty: nothing). ``names``: how
+    to call each partition (default "partition 1", "partition 2", ...)."""
     if fabric != Fabric.NVSWITCH:
         return ["only NVSwitch nodes carry a partition table"]
-    return partition_table_problems(partitions, gpu_count)
+    return partition_table_problems(partitions, gpu_count, names=names)
 
 
 def mapping_has_text_keys(value: object) -> bool:

@@ -262,6 +262,7 @@ def test_operator_registers_a_node_with_some_gpus_listed(operator_api, fleet_eas
         "index": 0,
         "uuid": "GPU-aaaa",
         "pci_address": "0000:19:00.0",
+        "module_id": None,
         "health": "failed",
     }
     assert node["gpus"][1]["uuid"].startswith("GPU-")

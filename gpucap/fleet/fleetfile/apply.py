@@ -189,6 +189,7 @@ _ACTIONS = {
     "node_update": fleet.node_update,
     "node_set_state": _node_set_state,
     "gpu_set_health": fleet.gpu_set_health,
+    "node_set_module_ids": fleet.node_set_module_ids,
     "node_join_set": _node_join,
     "node_leave_set": fleet.node_leave_set,
     "pool_create": _pool_create,

@@ -241,6 +241,7 @@ class Rules:
 
     def _gpu_list(self, node: _Item, gpu_count: int | None, count: int | None) -> None:
         seen = set()
+        modules: dict[int, int] = {}  # module id -> the GPU index first given it
         high = (gpu_count or MAX_GPUS_PER_NODE) - 1
         for k in range(len(node.items("gpu_list"))):
             gpu = self._item((*node.loc, "gpu_list", k))
@@ -251,6 +252,16 @@ class Rules:
             if index is not None and index in seen:
                 self._add(gpu, ("index",), f"GPU {index} is listed twice")
             seen.add(index)
+            module_id = gpu.get("module_id")
+            if module_id is not None and module_id in modules:
+                self._add(
+                    gpu,
+                    ("module_id",),
+                    f"module {module_id} is already GPU {modules[module_id]}'s; each card has "
+                    "its own module id",
+                )
+            elif module_id is not None:
+                modules[module_id] = index
             if gpu.get("uuid") and count is not None and count > 1:
                 self._add(
                     gpu, ("uuid",), f"a UUID names one card; it cannot be given to {count} nodes"

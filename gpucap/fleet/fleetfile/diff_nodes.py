@@ -120,6 +120,7 @@ class NodesDiff:
     def _plan_gpus(self, spec: NodeSpec, node: Node) -> list[str]:
         details = []
         cards = {gpu.index: gpu for gpu in node.gpus.all()}
+        module_ids = {}
         for listed in spec.gpus:
             gpu = cards.get(listed.index)
             if gpu is None:
@@ -135,6 +136,13 @@ class NodesDiff:
             if listed.health is not None and listed.health != gpu.health:
                 details.append(f"GPU {listed.index} health {gpu.health} -> {listed.health}")
                 self._step("nodes", spec.where, "gpu_set_health", gpu=gpu, health=listed.health)
+            if listed.module_id is not None and listed.module_id != gpu.module_id:
+                was = "none" if gpu.module_id is None else gpu.module_id
+                details.append(f"GPU {listed.index} module_id {was} -> {listed.module_id}")
+                module_ids[listed.index] = listed.module_id
+        if module_ids:
+            # One step for the node: cards may swap module ids.
+            self._step("nodes", spec.where, "node_set_module_ids", node=node, module_ids=module_ids)
         return details
 
 

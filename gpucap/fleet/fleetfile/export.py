@@ -119,6 +119,8 @@ def _export_node(cluster: Cluster, node: Node) -> dict:
             listed["uuid"] = gpu.uuid
         if gpu.pci_address != generated["pci_address"]:
             listed["pci_address"] = gpu.pci_address
+        if gpu.module_id is not None:
+            listed["module_id"] = gpu.module_id
         if gpu.health != Gpu.Health.OK:
             listed["health"] = gpu.health
         if listed:

@@ -167,6 +167,7 @@ class GpuEntry(Entry):
     index: int  # 0..gpus-1 of its node: checked with the node
     uuid: _text(64) | None = None
     pci_address: _text(16, checks.PCI_ADDRESS) | None = None
+    module_id: _whole(1, MAX_GPUS_PER_NODE) | None = None  # Fabric Manager's module id
     health: _one_of(Gpu.Health.values) | None = None
 
 
@@ -330,7 +331,13 @@ def _node_specs(path: str, cluster: str, node: NodeEntry) -> list[NodeSpec]:
         node.bmc_address, numbered, counted=node.count is not None
     )
     gpus = tuple(
-        GpuSpec(index=g.index, uuid=g.uuid, pci_address=g.pci_address, health=g.health)
+        GpuSpec(
+            index=g.index,
+            uuid=g.uuid,
+            pci_address=g.pci_address,
+            module_id=g.module_id,
+            health=g.health,
+        )
         for g in node.gpu_list
     )
     return [

@@ -54,6 +54,7 @@ class GpuSpec:
     index: int
     uuid: str | None = None
     pci_address: str | None = None
+    module_id: int | None = None  # None: leave the card's module id as it is
     health: str | None = None  # None: leave the card's health as it is
 
 

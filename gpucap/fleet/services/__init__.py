@@ -18,6 +18,11 @@ from gpucap.fleet.services.clusters import (
     cluster_rename,
     cluster_update,
 )
+from gpucap.fleet.services.fabric import (
+    gpu_set_module_id,
+    node_set_fabric_partitions,
+    node_set_module_ids,
+)
 from gpucap.fleet.services.nodes import (
     generated_gpu,
     gpu_set_health,
@@ -50,11 +55,14 @@ __all__ = [
     "cluster_update",
     "generated_gpu",
     "gpu_set_health",
+    "gpu_set_module_id",
     "node_cordon",
     "node_create",
     "node_delete",
     "node_join_set",
     "node_leave_set",
+    "node_set_fabric_partitions",
+    "node_set_module_ids",
     "node_set_state",
     "node_uncordon",
     "node_update",

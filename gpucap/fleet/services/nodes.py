@@ -14,6 +14,7 @@ from gpucap.fleet import rules
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric, Gpu, Node
 from gpucap.fleet.services._common import capacity_set_bump, delete_unused, field_change, lock_set
 from gpucap.fleet.services.capacity_sets import capacity_set_gpu_total
+from gpucap.fleet.services.fabric import fabric_ids_kept, module_id_problem, module_ids_problem
 
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -44,8 +45,8 @@ def node_create(
     gpus: list[dict] | None = None,
     actor: Actor = None,
 ) -> Node:
-    """Register a node and its GPUs. ``gpus`` lists {index, uuid, pci_address, health}; GPUs
-    not listed get a generated UUID and PCI address."""
+    """Register a node and its GPUs. ``gpus`` lists {index, uuid, pci_address, module_id,
+    health}; GPUs not listed get a generated UUID and PCI address, and no module id."""
     errors: dict[str, str] = {}
     if Node.objects.filter(cluster=cluster, hostname=hostname).exists():
         errors["hostname"] = f"node {hostname!r} already exists in cluster {cluster.name}"
@@ -115,7 +116,15 @@ def _gpu_rows(*, cluster: Cluster, hostname: str, gpu_count: int, gpus: list[dic
         for field in ("uuid", "pci_address", "health"):
             if given.get(field):
                 row[field] = given[field]
+        if given.get("module_id") is not None:
+            problem = module_id_problem(given["module_id"])
+            if problem:
+                return f"GPU {index} module_id {problem}"
+            row["module_id"] = given["module_id"]
         rows.append(row)
+    problem = module_ids_problem({row["index"]: row.get("module_id") for row in rows})
+    if problem:
+        return problem
     pci = [row["pci_address"] for row in rows]
     if len(set(pci)) != len(pci):
         return "two GPUs share one PCI address"
@@ -146,6 +155,11 @@ def node_update(
             if problem:
                 raise ValidationError({"partitions": problem})
         node.partitions = partitions or None
+        node.fabric_partition_ids = fabric_ids_kept(
+            old_table=before["partitions"],
+            old_ids=node.fabric_partition_ids,
+            new_table=node.partitions,
+        )
     if bmc_address is not None:
         node.bmc_address = bmc_address
     if labels is not None:
