@@ -74,6 +74,9 @@ class VmSpec:
     network: GuestNetwork | None = None
     # Inference replicas: the TCP port the image's model server listens on (its endpoint).
     service_port: int | None = None
+    # NVSwitch nodes: Fabric Manager's id for the NVLink partition made of ``gpus``, activated
+    # before the VM starts and deactivated after it stops (see ``fabric_manager``).
+    fabric_partition: int | None = None
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,16 @@ from gpucap.drivers.base import (
     VmStatus,
     settings_parse,
 )
+from gpucap.drivers.fabric_manager import (
+    DEFAULT_COMMAND,
+    command_problem,
+    fabric_manager_for,
+    fabric_manager_problem,
+)
 from gpucap.drivers.libvirt_xml import (
     DomainShape,
     domain_xml,
+    fabric_partition_of,
     instance_metadata,
     overlay_volume_xml,
     raw_volume_xml,
@@ -132,6 +139,12 @@ class LibvirtSettings:
     serial_log_path: str = field(
         default="", metadata={"check": _template(allowed={"instance"}, empty=True)}
     )
+    # Shared-NVSwitch nodes: who activates a VM's NVLink partition (see fabric_manager).
+    fabric_manager: str = field(default="none", metadata={"check": fabric_manager_problem})
+    fabric_manager_command: list = field(
+        default_factory=lambda: list(DEFAULT_COMMAND), metadata={"check": command_problem}
+    )
+    fabric_manager_timeout_seconds: float = field(default=60.0, metadata={"minimum": 1})
 
     @property
     def shape(self) -> DomainShape:
@@ -178,6 +191,7 @@ class LibvirtDriver:
                 uuid=None if domain is None else domain.UUIDString(),
             )
             domain = connection.defineXML(xml)
+            self._fabric_partition(spec.node, domain, active=True, gpus=len(spec.gpus))
             _power_on(domain)
             return self._status(domain)
 
@@ -188,6 +202,7 @@ class LibvirtDriver:
             if domain is None:
                 return VmStatus(state=MISSING)
             if not _domain_active(domain):
+                self._fabric_partition(node, domain, active=False)  # a stop that died halfway
                 return self._status(domain)
             # No guest agent channel in our domains, so this presses the ACPI power button.
             _unless_off(domain, domain.shutdown)
@@ -195,6 +210,7 @@ class LibvirtDriver:
             while _domain_active(domain) and time.monotonic() < deadline:
                 time.sleep(min(self.settings.poll_seconds, max(deadline - time.monotonic(), 0)))
             if not _domain_active(domain):
+                self._fabric_partition(node, domain, active=False)
                 return self._status(domain)
             logger.warning(
                 "%s on %s ignored the ACPI shutdown for %g s: forcing it off",
@@ -203,6 +219,7 @@ class LibvirtDriver:
                 grace,
             )
             _unless_off(domain, domain.destroy)
+            self._fabric_partition(node, domain, active=False)
             status = self._status(domain)
             message = f"forced off: the guest did not shut down within {grace:g} s"
             return VmStatus(state=status.state, message=message)
@@ -213,6 +230,7 @@ class LibvirtDriver:
             if domain is None:
                 raise DriverError(f"{instance_id} is not defined on {node}; create it first")
             if not domain.isActive():
+                self._fabric_partition(node, domain, active=True)
                 _power_on(domain)
             return self._status(domain)
 
@@ -222,6 +240,7 @@ class LibvirtDriver:
             if domain is not None:
                 if domain.isActive():
                     _unless_off(domain, domain.destroy)
+                self._fabric_partition(node, domain, active=False)  # before its record goes
                 _undefine(domain)
             # Also when the domain is already gone: a destroy that died halfway left the disk.
             self._volume_delete(connection, f"{instance_id}.qcow2")
@@ -234,6 +253,42 @@ class LibvirtDriver:
             return VmStatus(state=MISSING) if domain is None else self._status(domain)
 
     # --- inside ------------------------------------------------------------------------------
+
+    def _fabric_partition(
+        self, node: str, domain: libvirt.virDomain, *, active: bool, gpus: int = 0
+    ) -> None:
+        """Activate the VM's NVLink partition before its domain starts, or deactivate it once
+        the domain is off, through the cluster's Fabric Manager (none: nothing to do). The
+        partition is the one the domain's metadata records. A multi-GPU VM without one is
+        refused rather than started without NVLink. A partition that another running domain
+        records stays active: a VM stopped long ago (a spot VM keeping its disk) may name the
+        partition a VM placed since on the same GPUs runs in."""
+        fabric = fabric_manager_for(
+            self.settings.fabric_manager,
+            node,
+            command=self.settings.fabric_manager_command,
+            timeout_seconds=self.settings.fabric_manager_timeout_seconds,
+        )
+        if fabric is None:
+            return
+        partition = fabric_partition_of(domain.XMLDesc())
+        if partition is None:
+            if active and gpus > 1:
+                raise DriverError(
+                    f"{domain.name()} has {gpus} GPUs on {node} but no Fabric Manager partition: "
+                    "import the node's partitions (manage.py fabric_partitions_import) so its "
+                    "GPUs get NVLink"
+                )
+            return
+        if active:
+            fabric.activate(partition)
+            return
+        running = domain.connect().listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+        if not any(
+            other.name() != domain.name() and fabric_partition_of(other.XMLDesc()) == partition
+            for other in running
+        ):
+            fabric.deactivate(partition)
 
     @contextmanager
     def _connection(self, node: str) -> Iterator[libvirt.virConnect]:

@@ -162,7 +162,18 @@ def _metadata(spec: VmSpec) -> ET.Element:
         ET.SubElement(
             gpus, _gpucap("gpu"), index=str(gpu.index), uuid=gpu.uuid, pci=gpu.pci_address
         )
+    if spec.fabric_partition is not None:
+        # stop and destroy get only the VM's name: they read the partition to deactivate here.
+        ET.SubElement(instance, _gpucap("fabric-partition")).text = str(spec.fabric_partition)
     return metadata
+
+
+def fabric_partition_of(xml: str) -> int | None:
+    """The Fabric Manager partition a domain's metadata records (see ``_metadata``), or None."""
+    text = ET.fromstring(xml).findtext(
+        f"metadata/{_gpucap('instance')}/{_gpucap('fabric-partition')}"
+    )
+    return None if text is None else int(text)
 
 
 def _disk(disk_path: str, image_path: str) -> ET.Element:

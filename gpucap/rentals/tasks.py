@@ -173,16 +173,19 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         .select_related("gpu")
         .order_by("gpu__index")
     )
+    gpus = tuple(
+        GpuDevice(index=a.gpu.index, uuid=a.gpu.uuid, pci_address=a.gpu.pci_address)
+        for a in allocations
+    )
     return VmSpec(
         instance_id=vm.instance_id,
         node=vm.node.hostname,
-        gpus=tuple(
-            GpuDevice(index=a.gpu.index, uuid=a.gpu.uuid, pci_address=a.gpu.pci_address)
-            for a in allocations
-        ),
+        gpus=gpus,
         image=vm.image,
         ssh_public_key=vm.ssh_public_key,
         role=vm.role,
+        # NVSwitch nodes: the NVLink partition these GPUs form, as Fabric Manager numbers it.
+        fabric_partition=vm.node.fabric_partition_id(gpu.index for gpu in gpus),
     )
 
 
