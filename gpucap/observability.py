@@ -271,7 +271,8 @@ class FleetCollector:
             InferenceDeployment.objects.annotate(
                 ready=Count(
                     "replicas",
-                    filter=Q(replicas__state=State.RUNNING) & ~Q(replicas__endpoint_url=""),
+                    filter=Q(replicas__state=State.RUNNING, replicas__probe__ready=True)
+                    & ~Q(replicas__endpoint_url=""),
                 ),
                 target=Count("replicas", filter=Q(replicas__state__in=LIVE)),
             )
@@ -281,7 +282,8 @@ class FleetCollector:
         families = {
             "ready": GaugeMetricFamily(
                 "gpucap_inference_replicas_ready",
-                "Replicas the router can send requests to (running, model server known).",
+                "Replicas the router sends requests to (running, and their model server "
+                "answered its readiness probe).",
                 labels=("deployment",),
             ),
             "target": GaugeMetricFamily(

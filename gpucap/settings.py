@@ -180,6 +180,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # How often inference replicas are matched to the router's queue (gpucap.inference.autoscaler).
 INFERENCE_AUTOSCALE_SECONDS = env_int("INFERENCE_AUTOSCALE_SECONDS", 5, minimum=1)
+# The readiness probe of inference replicas (gpucap.inference.probe): how often each running
+# replica's model server is asked GET <endpoint><INFERENCE_PROBE_PATH>, how long an answer may
+# take, and how many failures in a row take a ready replica out of the router.
+INFERENCE_PROBE_SECONDS = env_int("INFERENCE_PROBE_SECONDS", 5, minimum=1)
+INFERENCE_PROBE_TIMEOUT_SECONDS = env_int("INFERENCE_PROBE_TIMEOUT_SECONDS", 2, minimum=1)
+INFERENCE_PROBE_FAILURES = env_int("INFERENCE_PROBE_FAILURES", 3, minimum=1)
+INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -211,6 +218,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inference.autoscale",
         "schedule": float(INFERENCE_AUTOSCALE_SECONDS),
         "options": {"expires": float(INFERENCE_AUTOSCALE_SECONDS)},
+    },
+    # Readiness probes of inference replicas; a round left waiting longer than one interval is
+    # dropped (the next one probes afresh).
+    "inference-probe": {
+        "task": "inference.probe",
+        "schedule": float(INFERENCE_PROBE_SECONDS),
+        "options": {"expires": float(INFERENCE_PROBE_SECONDS)},
     },
     "inference-resync": {"task": "inference.resync", "schedule": 60.0},
     "inference-keys-flush": {"task": "inference.keys_flush", "schedule": 60.0},

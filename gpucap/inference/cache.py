@@ -4,8 +4,9 @@ documents are, gpucap/notices/cache.py): the router answers from Redis alone, ne
 - ``gpucap:inference:route:<slug>`` -> JSON route document of a deployment:
   ``{"deployment": id, "slug", "model", "tenant", "created": epoch seconds,
   "replica_concurrency", "queue_limit", "replicas": [{"id": "vm-42", "url": "http://..."}]}``.
-  Only running replicas with an endpoint are listed: a replica under notice, stopping or
-  booting gets no request. ``created`` is what ``/v1/models`` reports.
+  Only ready replicas are listed: running, with an endpoint, and answering their readiness probe
+  (gpucap/inference/probe.py). A replica under notice, stopping, booting, or whose model server
+  is not up (yet, or any more) gets no request. ``created`` is what ``/v1/models`` reports.
 - ``gpucap:inference:key:<prefix>`` -> JSON key document: ``{"tenant", "deployment": slug or
   null (every deployment of the tenant), "salt", "digest", "expires_at": epoch seconds or null,
   "revoked": bool}``.
@@ -31,8 +32,10 @@ document (beat), so a lost publish heals within one interval.
 import json
 from collections.abc import Iterable
 
+from django.db.models import Prefetch
+
 from gpucap.cache_flush import publish_on_commit
-from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.inference.models import ApiKey, InferenceDeployment, replica_routable
 from gpucap.redis_clients import inference_redis
 from gpucap.rentals.models import VirtualMachine
 
@@ -68,7 +71,8 @@ def used_key(prefix: str) -> str:
 
 
 def route_document(deployment, replicas) -> dict:
-
+    """The route of a deployment, listing those of ``replicas`` the router may send requests
+    to (``replica_routable``; fetch them with ``select_related("probe")``)."""
     return {
         "deployment": deployment.pk,
         "slug": deployment.slug,
@@ -80,7 +84,7 @@ def route_document(deployment, replicas) -> dict:
         "replicas": [
             {"id": vm.instance_id, "url": vm.endpoint_url}
             for vm in sorted(replicas, key=lambda vm: vm.pk)
-            if vm.state == VirtualMachine.State.RUNNING and vm.endpoint_url
+            if replica_routable(vm)
         ],
     }
 
@@ -110,11 +114,7 @@ def route_publish(deployment_id: int) -> None:
 def route_publish_many(deployment_ids: Iterable[int]) -> None:
     """Write these deployments' route documents from the database as it is now, in one
     pipelined round trip."""
-    deployments = list(
-        InferenceDeployment.objects.select_related("tenant")
-        .prefetch_related("replicas")
-        .filter(pk__in=list(deployment_ids))
-    )
+    deployments = list(_with_replicas().filter(pk__in=list(deployment_ids)))
     if not deployments:
         return
     pipe = inference_redis().pipeline(transaction=False)
@@ -122,6 +122,16 @@ def route_publish_many(deployment_ids: Iterable[int]) -> None:
         document = route_document(deployment, deployment.replicas.all())
         pipe.set(route_key(deployment.slug), json.dumps(document))
     pipe.execute()
+
+
+def _with_replicas():
+    """Deployments with their tenant and running replicas (each with its probe): two queries."""
+    running = VirtualMachine.objects.filter(state=VirtualMachine.State.RUNNING).select_related(
+        "probe"
+    )
+    return InferenceDeployment.objects.select_related("tenant").prefetch_related(
+        Prefetch("replicas", queryset=running)
+    )
 
 
 def key_publish_on_commit(api_key_id: int) -> None:
@@ -151,9 +161,7 @@ def inference_resync() -> int:
     """Rewrite every route and key document from the database. Returns how many."""
     pipe = inference_redis().pipeline(transaction=False)
     count = 0
-    for deployment in InferenceDeployment.objects.select_related("tenant").prefetch_related(
-        "replicas"
-    ):
+    for deployment in _with_replicas():
         pipe.set(
             route_key(deployment.slug),
             json.dumps(route_document(deployment, deployment.replicas.all())),

@@ -3,6 +3,10 @@
 A replica is a `VirtualMachine` with role ``inference_replica`` and ``deployment`` set; it goes
 through the same lifecycle as any VM. An API key is stored as a visible prefix plus a salted
 SHA-256 of its secret (the secret is shown once, at creation, and never stored).
+
+A running replica is sent requests only once its readiness probe has answered
+(``ReplicaProbe``, kept by gpucap/inference/probe.py): on a real VM, booted does not mean the
+model server is up.
 """
 
 from django.conf import settings
@@ -10,6 +14,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from gpucap.fleet.models import Pool
+from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy.models import Tenant
 
 MAX_REPLICAS = 64
@@ -101,3 +106,90 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class ReplicaProbe(models.Model):
+    """What the readiness prober found at one replica's health URL while its guest is up.
+
+    No row: the replica has not been probed since it (last) started, "waiting for first probe".
+    One success makes it ready; ``INFERENCE_PROBE_FAILURES`` failures in a row make it not
+    ready. The row goes when the guest goes down (stopping, stopped, pending again), so a
+    replica that comes back waits for a fresh probe."""
+
+    vm = models.OneToOneField(
+        VirtualMachine, primary_key=True, on_delete=models.CASCADE, related_name="probe"
+    )
+    ready = models.BooleanField(
+        default=False, help_text="The router sends it requests (with the VM running)."
+    )
+    consecutive_failures = models.PositiveIntegerField(
+        default=0, help_text="Failed probes since the last one that answered."
+    )
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(
+        max_length=300, blank=True, help_text="Why the last probe failed; empty once one answers."
+    )
+    ready_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # An error is there exactly while probes fail.
+            models.CheckConstraint(
+                condition=Q(consecutive_failures=0, last_error="")
+                | (Q(consecutive_failures__gt=0) & ~Q(last_error="")),
+                name="probe_error_while_failing",
+            ),
+            # Ready only through a probe that answered.
+            models.CheckConstraint(
+                condition=Q(ready=False, ready_since=None)
+                | Q(ready=True, ready_since__isnull=False, last_probe_at__isnull=False),
+                name="probe_ready_was_probed",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"probe of vm {self.vm_id}: {readiness_label(self)}"
+
+
+def replica_probe(vm: VirtualMachine) -> ReplicaProbe | None:
+    """The replica's probe row, or None (no probe since it started). Reads what
+    ``select_related("probe")`` fetched; without it, one query."""
+    return getattr(vm, "probe", None)
+
+
+def replica_routable(vm: VirtualMachine) -> bool:
+    """Whether the router sends this replica requests: running, its model server's address
+    known, and its readiness probe answered."""
+    probe = replica_probe(vm)
+    return (
+        vm.state == VirtualMachine.State.RUNNING
+        and bool(vm.endpoint_url)
+        and probe is not None
+        and probe.ready
+    )
+
+
+class Readiness(models.TextChoices):
+    """A running replica's readiness, as pages and the API say it."""
+
+    WAITING = "waiting", "waiting for first probe"
+    READY = "ready", "ready"
+    NOT_READY = "not_ready", "not ready"
+
+
+def readiness(probe: ReplicaProbe | None) -> Readiness:
+    if probe is None or probe.last_probe_at is None:
+        return Readiness.WAITING
+    return Readiness.READY if probe.ready else Readiness.NOT_READY
+
+
+def readiness_label(probe: ReplicaProbe | None) -> str:
+    """ "waiting for first probe", "ready" (with the failures since, if any) or
+    "not ready: <last error>"."""
+    status = readiness(probe)
+    if status == Readiness.NOT_READY:
+        return f"not ready: {probe.last_error}"
+    if status == Readiness.READY and probe.consecutive_failures:
+        failed = probe.consecutive_failures
+        return f"ready ({failed} probe{'s' if failed > 1 else ''} failed: {probe.last_error})"
+    return status.label

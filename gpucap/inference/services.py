@@ -1,10 +1,13 @@
 """Every change to inference deployments and API keys goes through here: validated, atomic,
 audited. Replicas are VMs and change state through `gpucap.rentals.services`; this module only
-asks for them (``replicas_scale``) and keeps the router's documents current."""
+asks for them (``replicas_scale``), records what their readiness probes find
+(``replica_probe_record``, from gpucap/inference/probe.py) and keeps the router's documents
+current."""
 
 import re
 from datetime import UTC, datetime
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -13,7 +16,7 @@ from gpucap.arbiter.topology import gpu_count_problem
 from gpucap.audit.services import Actor, audit_record
 from gpucap.fleet.models import Pool
 from gpucap.inference import cache, keys
-from gpucap.inference.models import MAX_REPLICAS, ApiKey, InferenceDeployment
+from gpucap.inference.models import MAX_REPLICAS, ApiKey, InferenceDeployment, ReplicaProbe
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy.models import Tenant
@@ -245,6 +248,82 @@ def _replica_name(deployment: InferenceDeployment) -> str:
     while f"{deployment.name[:50]}-r{number}" in taken:
         number += 1
     return f"{deployment.name[:50]}-r{number}"
+
+
+# --- replica readiness ---------------------------------------------------------------------------
+
+
+@transaction.atomic
+def replica_probe_record(
+    *,
+    vm_id: int,
+    endpoint_url: str,
+    seen_at: datetime | None,
+    ok: bool,
+    error: str = "",
+    at: datetime,
+) -> bool:
+    """Record one readiness probe of a running replica's model server at ``endpoint_url``, made by a
+    prober that had read the replica's probe as last recorded at ``seen_at`` (None: never).
+    One answer makes the replica ready; ``INFERENCE_PROBE_FAILURES`` failures in a row make it
+    not ready. A change of readiness republishes the deployment's route and is audited.
+
+    Returns whether the probe counted. It does not when another probe was recorded since that
+    read (two probers at once, two beat ticks overlapping: the later one to record is dropped,
+    so one failure is never counted twice) or when the replica no longer runs with that
+    endpoint (it went down meanwhile: no stale result outlives it). Serialised with the
+    replica's lifecycle by its row lock, the lock ``vm_transition`` takes."""
+    vm = (
+        VirtualMachine.objects.select_for_update(no_key=True)
+        .filter(pk=vm_id, state=State.RUNNING, endpoint_url=endpoint_url)
+        .exclude(deployment=None)
+        .first()
+    )
+    if vm is None:
+        return False
+    probe = ReplicaProbe.objects.filter(vm_id=vm_id).first()
+    if (probe.last_probe_at if probe is not None else None) != seen_at:
+        return False
+    created = probe is None
+    if created:
+        probe = ReplicaProbe(vm=vm)
+    was_ready = probe.ready
+    probe.last_probe_at = at
+    if ok:
+        probe.consecutive_failures, probe.last_error = 0, ""
+        if not probe.ready:
+            probe.ready, probe.ready_since = True, at
+    else:
+        probe.consecutive_failures += 1
+        probe.last_error = (error.strip() or "the probe failed")[:300]
+        if probe.ready and probe.consecutive_failures >= django_settings.INFERENCE_PROBE_FAILURES:
+            probe.ready, probe.ready_since = False, None
+    probe.save(force_insert=created)
+    if probe.ready != was_ready:
+        audit_record(
+            actor=None,
+            verb="replica.ready" if probe.ready else "replica.not_ready",
+            target=vm,
+            before={"ready": was_ready},
+            after={"ready": probe.ready},
+            message=(
+                "its readiness probe answered: the router sends it requests"
+                if probe.ready
+                else f"{probe.consecutive_failures} readiness probes in a row failed, the "
+                f"router sends it nothing until one answers: {probe.last_error}"
+            ),
+        )
+        cache.route_publish_on_commit(vm.deployment_id)
+    return True
+
+
+@transaction.atomic
+def replica_probe_forget(*, vm: VirtualMachine) -> int:
+    """The replica's guest went down: what its probes found no longer holds. When it runs
+    again it waits for a fresh probe before the router sends it anything. Returns how many
+    rows went (0 or 1); harmless twice."""
+    deleted, _ = ReplicaProbe.objects.filter(vm_id=vm.pk).delete()
+    return deleted
 
 
 # --- API keys ------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@ at once or to miss once (the next run catches up).
 
 - ``inference.autoscale`` (every ``INFERENCE_AUTOSCALE_SECONDS``): replicas follow the queue
   (`gpucap.inference.autoscaler`);
+- ``inference.probe`` (every ``INFERENCE_PROBE_SECONDS``): each running replica's readiness
+  probe; the router sends requests only to replicas whose probe answered
+  (`gpucap.inference.probe`);
 - ``inference.resync`` (every minute): the router's route and key documents rebuilt from the
   database, so a lost publish heals;
 - ``inference.keys_flush`` (every minute): the router's last-used times copied to the keys.
@@ -10,7 +13,7 @@ at once or to miss once (the next run catches up).
 
 from celery import shared_task
 
-from gpucap.inference import autoscaler, cache, services
+from gpucap.inference import autoscaler, cache, probe, services
 
 
 @shared_task(name="inference.autoscale")
@@ -21,6 +24,12 @@ def autoscale() -> dict[str, str]:
         for scaling in autoscaler.deployments_autoscale()
         if scaling.action in (autoscaler.Scaling.UP, autoscaler.Scaling.DOWN)
     }
+
+
+@shared_task(name="inference.probe")
+def probe_replicas() -> dict[str, int]:
+    """Returns how many replicas were probed, answered, and had their probe recorded."""
+    return probe.replicas_probe().as_dict()
 
 
 @shared_task(name="inference.resync")

@@ -3,7 +3,9 @@ serving both the router and the model simulator of the simulated replicas (SIMUL
 points at it), talked to with the official ``openai`` client and plain HTTP.
 
 Replicas are placed and marked running through the services, with the endpoint the simulated
-driver reports; the route and key documents are published as the services publish them."""
+driver reports, and join the route once the readiness probe (``inference.probe``) has asked
+their model simulator ``/v1/models``; the route and key documents are published as the
+services publish them."""
 
 import contextlib
 import itertools
@@ -27,6 +29,7 @@ from gpucap.drivers.simulated import SimulatedDriver
 from gpucap.inference import cache
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey
+from gpucap.inference.tasks import probe_replicas
 from gpucap.notices.services import notice_issue
 from gpucap.rentals import services as rentals
 from tests.rentals.conftest import _record_sent
@@ -99,9 +102,10 @@ def sim():
 
 
 @pytest.fixture
-def serving(deploy, fleet_east, server, sim):
+def serving(deploy, fleet_east, server, sim, django_capture_on_commit_callbacks):
     """``serving(replicas=2, **settings)``: a standalone deployment of acme's whose replicas
-    run on a100-001, each with the endpoint the simulated driver gives it."""
+    run on a100-001, each with the endpoint the simulated driver gives it, and ready: the
+    readiness probe found their model simulator answering."""
     names = iter(["chat", "code", "vision"])
     free_gpus = iter(range(8))
 
@@ -125,6 +129,8 @@ def serving(deploy, fleet_east, server, sim):
                 vm=vm, ip_address=status.ip_address, endpoint_url=status.endpoint_url
             )
         cache.route_publish(deployment.pk)  # what the services do on commit
+        with django_capture_on_commit_callbacks(execute=True):
+            assert probe_replicas()["answered"] >= replicas  # ready: the route lists them
         return deployment
 
     return make

@@ -75,7 +75,18 @@ def small_fleet(fleet_east, tenant, other_tenant, operator, sent_tasks):
     replica = chat.replicas.order_by("pk").first()
     if replica.state == VirtualMachine.State.PENDING:
         replica = rentals.vm_place(vm=replica, node=nodes["a100-001"], gpu_indices=[0])
-    rentals.vm_mark_running(vm=replica, ip_address="10.0.0.4", endpoint_url="http://10.0.0.4:80")
+    replica = rentals.vm_mark_running(
+        vm=replica, ip_address="10.0.0.4", endpoint_url="http://10.0.0.4:80"
+    )
+    # Its model server answered the readiness probe (recorded as the prober records it: nothing
+    # listens at that address here, and no test sends traffic to it).
+    inference.replica_probe_record(
+        vm_id=replica.pk,
+        endpoint_url=replica.endpoint_url,
+        seen_at=None,
+        ok=True,
+        at=replica.started_at,
+    )
     return fleet_east
 
 
