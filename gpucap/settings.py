@@ -167,6 +167,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Two answers have a ``status`` of their own choices: a plan's keeps the name it had.
+    "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "gpucap.plans.models.Plan.Status",
+        "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
+    },
 }
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)

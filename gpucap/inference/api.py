@@ -19,9 +19,9 @@ from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, ServiceWrites
 from gpucap.fleet.models import Pool
-from gpucap.inference import cache, services
+from gpucap.inference import cache, selectors, services
 from gpucap.inference.filters import ApiKeyFilter, InferenceDeploymentFilter
-from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.inference.models import ApiKey, InferenceDeployment, Readiness, replica_routable
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
@@ -33,13 +33,33 @@ Load = tuple[int, int, dict[str, int]] | None
 # --- read -------------------------------------------------------------------------------------
 
 
+class ReplicaReadinessSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=Readiness.choices,
+        allow_null=True,
+        help_text="waiting (no probe answered or failed since it started), ready (the router "
+        "sends it requests) or not_ready (its probes failed); null while the replica is not "
+        "running.",
+    )
+    label = serializers.CharField(
+        help_text="In words: 'waiting for first probe', 'ready', 'not ready: <last error>'; "
+        "empty while the replica is not running."
+    )
+    last_probe_at = serializers.DateTimeField(allow_null=True)
+    consecutive_failures = serializers.IntegerField(
+        help_text="Failed probes since the last one that answered."
+    )
+    last_error = serializers.CharField(help_text="Why the last probe failed; empty if it answered.")
+
+
 class DeploymentReplicaSerializer(serializers.ModelSerializer):
     instance_id = serializers.CharField(read_only=True, help_text="The VM's id, e.g. vm-42.")
     # A plain string: the VM state enum is documented once, on the VM.
     state = serializers.CharField(
         read_only=True,
         help_text="The replica VM's state: pending, provisioning, running (serving), notified, "
-        "stopping, stopped or failed. Only running replicas get requests.",
+        "stopping, stopped or failed. Only running replicas whose readiness probe answered "
+        "get requests (see readiness).",
     )
     node = serializers.CharField(
         source="node.hostname",
@@ -55,6 +75,10 @@ class DeploymentReplicaSerializer(serializers.ModelSerializer):
         help_text="Requests the router has sent it that are not answered yet; null when the "
         "router's counters cannot be read."
     )
+    readiness = serializers.SerializerMethodField(
+        help_text="What its readiness probe found: the router sends requests only to running "
+        "replicas whose probe answered, and stops after failed probes."
+    )
 
     class Meta:
         model = VirtualMachine
@@ -66,6 +90,7 @@ class DeploymentReplicaSerializer(serializers.ModelSerializer):
             "gpu_count",
             "endpoint_url",
             "started_at",
+            "readiness",
             "in_flight",
         ]
         read_only_fields = fields
@@ -73,6 +98,19 @@ class DeploymentReplicaSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.URLField(allow_null=True))
     def get_endpoint_url(self, vm: VirtualMachine) -> str | None:
         return vm.endpoint_url or None
+
+    @extend_schema_field(ReplicaReadinessSerializer)
+    def get_readiness(self, vm: VirtualMachine) -> dict:
+        readiness = selectors.replica_readiness(vm)
+        return ReplicaReadinessSerializer(
+            {
+                "status": readiness.status,
+                "label": readiness.label,
+                "last_probe_at": readiness.last_probe_at,
+                "consecutive_failures": readiness.consecutive_failures,
+                "last_error": readiness.last_error,
+            }
+        ).data
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_in_flight(self, vm: VirtualMachine) -> int | None:
@@ -89,6 +127,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
     )
     replicas = serializers.SerializerMethodField(
         help_text="Replica VMs that are not terminated, oldest first."
+    )
+    ready_replicas = serializers.SerializerMethodField(
+        help_text="Replicas the router sends requests to: running, and their readiness probe "
+        "answered."
     )
     queued = serializers.SerializerMethodField(
         help_text="Requests waiting at the router for a free replica now; null when the "
@@ -118,6 +160,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "queue_limit",
             "scale_down_cooldown_seconds",
             "replicas",
+            "ready_replicas",
             "queued",
             "in_flight",
             "last_scaled_at",
@@ -138,6 +181,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return DeploymentReplicaSerializer(
             deployment.current_replicas, many=True, context=context
         ).data
+
+    def get_ready_replicas(self, deployment: InferenceDeployment) -> int:
+        return sum(replica_routable(vm) for vm in deployment.current_replicas)
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_queued(self, deployment: InferenceDeployment) -> int | None:
@@ -387,11 +433,11 @@ def _router_loads(slugs: list[str]) -> dict[str, Load]:
 
 
 def deployments_visible_to(user):
-    """Deployments with tenant, pool and their current replicas (and each replica's node):
-    three queries (rows, replicas, nothing per row)."""
+    """Deployments with tenant, pool and their current replicas (and each replica's node and
+    readiness probe): three queries (rows, replicas, nothing per row)."""
     current = (
         VirtualMachine.objects.exclude(state=VirtualMachine.State.TERMINATED)
-        .select_related("node")
+        .select_related("node", "probe")
         .order_by("pk")
     )
     deployments = InferenceDeployment.objects.select_related("tenant", "pool").prefetch_related(

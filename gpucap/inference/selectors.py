@@ -8,6 +8,7 @@ if they did not exist. Operators see every deployment.
 import itertools
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import redis
 from django.contrib.auth.models import AbstractBaseUser
@@ -16,7 +17,14 @@ from django.http import Http404
 
 from gpucap.fleet.models import Pool
 from gpucap.inference import cache
-from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.inference.models import (
+    ApiKey,
+    InferenceDeployment,
+    Readiness,
+    readiness,
+    readiness_label,
+    replica_probe,
+)
 from gpucap.inference.services import LIVE
 from gpucap.notices.selectors import with_open_notice
 from gpucap.rentals.models import VirtualMachine
@@ -114,6 +122,11 @@ class DeploymentRow:
         return sum(getattr(self.deployment, f"replicas_{state}") for state in LIVE)
 
     @property
+    def ready(self) -> int:
+        """Replicas the router sends requests to: running, and their readiness probe answered."""
+        return self.deployment.replicas_ready
+
+    @property
     def states(self) -> list[ReplicaCount]:
         """The replica states that hold any replica, in lifecycle order."""
         counts = (
@@ -123,12 +136,20 @@ class DeploymentRow:
         return [count for count in counts if count.count]
 
 
+# The replicas the router sends requests to (gpucap.inference.models.replica_routable).
+ROUTABLE = Q(replicas__state=State.RUNNING, replicas__probe__ready=True) & ~Q(
+    replicas__endpoint_url=""
+)
+
+
 def deployments_counted() -> QuerySet[InferenceDeployment]:
-    """Deployments with their tenant and pool, and ``replicas_<state>`` counts: one query."""
+    """Deployments with their tenant and pool, ``replicas_<state>`` counts and
+    ``replicas_ready`` (those the router sends requests to): one query."""
     counts = {
         f"replicas_{state}": Count("replicas", filter=Q(replicas__state=state))
         for state in COUNTED_STATES
     }
+    counts["replicas_ready"] = Count("replicas", filter=ROUTABLE)
     return InferenceDeployment.objects.select_related(
         "tenant", "pool__capacity_set", "pool__cluster"
     ).annotate(**counts)
@@ -153,6 +174,10 @@ class DeploymentList:
     @property
     def live_replicas(self) -> int:
         return sum(row.live for row in self.rows)
+
+    @property
+    def ready_replicas(self) -> int:
+        return sum(row.ready for row in self.rows)
 
     @property
     def queue_depth(self) -> int:
@@ -215,14 +240,46 @@ def deployment_visible_to(*, user: AbstractBaseUser, slug: str, name: str) -> De
 
 
 def deployment_replicas(deployment: InferenceDeployment) -> list[VirtualMachine]:
-    """The deployment's replicas that still exist, oldest first, with the GPUs each holds and
-    its open notice. Two queries."""
+    """The deployment's replicas that still exist, oldest first, with the GPUs each holds, its
+    open notice and its ``readiness`` (``ReplicaReadiness``). Two queries."""
     replicas = (
         with_open_notice(vms_with_gpus())
+        .select_related("probe")
         .filter(deployment=deployment)
         .exclude(state=State.TERMINATED)
     )
-    return list(replicas.order_by("pk"))
+    replicas = list(replicas.order_by("pk"))
+    for vm in replicas:
+        vm.readiness = replica_readiness(vm)
+    return replicas
+
+
+@dataclass(frozen=True)
+class ReplicaReadiness:
+    """A replica's readiness as pages and the API show it. ``status`` is None when the replica
+    is not running: its state says why the router sends it nothing."""
+
+    status: Readiness | None
+    label: str
+    last_probe_at: datetime | None = None
+    consecutive_failures: int = 0
+    last_error: str = ""
+
+
+def replica_readiness(vm: VirtualMachine) -> ReplicaReadiness:
+    """What the readiness probe says of a replica (read from ``select_related("probe")``)."""
+    if vm.state != State.RUNNING:
+        return ReplicaReadiness(status=None, label="")
+    if not vm.endpoint_url:
+        return ReplicaReadiness(status=Readiness.WAITING, label="waiting for its endpoint")
+    probe = replica_probe(vm)
+    return ReplicaReadiness(
+        status=readiness(probe),
+        label=readiness_label(probe),
+        last_probe_at=probe.last_probe_at if probe else None,
+        consecutive_failures=probe.consecutive_failures if probe else 0,
+        last_error=probe.last_error if probe else "",
+    )
 
 
 def inference_pools(*, tenant: Tenant) -> QuerySet[Pool]:

@@ -186,6 +186,13 @@ def test_a_deployment_shows_its_settings_replicas_and_live_queue(
             "gpu_count": 1,
             "endpoint_url": "http://10.3.0.1:8000",
             "started_at": shown["replicas"][0]["started_at"],
+            "readiness": {
+                "status": "waiting",
+                "label": "waiting for first probe",
+                "last_probe_at": None,
+                "consecutive_failures": 0,
+                "last_error": "",
+            },
             "in_flight": 3,
         },
         {
@@ -196,10 +203,19 @@ def test_a_deployment_shows_its_settings_replicas_and_live_queue(
             "gpu_count": 1,
             "endpoint_url": None,
             "started_at": None,
+            "readiness": {
+                "status": None,
+                "label": "",
+                "last_probe_at": None,
+                "consecutive_failures": 0,
+                "last_error": "",
+            },
             "in_flight": 0,
         },
     ]
     assert shown["replicas"][0]["started_at"]
+    # Running, but its model server has not answered a probe: the router sends it nothing.
+    assert shown["ready_replicas"] == 0
 
 
 def test_the_list_shows_each_deployments_queue_and_leaves_out_terminated_replicas(

@@ -395,3 +395,63 @@ def test_a_simulated_replica_is_ready_through_the_probe_and_dropped_when_its_ser
         chat(server, deployment, secret).headers.get("x-gpucap-replica") for _ in range(4)
     } - {None}
     assert served == {staying.instance_id}
+
+
+# --- what operators and tenants see --------------------------------------------------------------
+
+
+def test_the_replica_list_shows_each_replicas_readiness(
+    member_client, member_api, deploy, replica, model_server, django_capture_on_commit_callbacks
+):
+    deployment = deploy("chat", min_replicas=3, max_replicas=3)
+    healthy, unhealthy = model_server(), model_server()
+    unhealthy.status = 500
+    ready = replica(deployment, healthy.url)
+    failing = replica(deployment, unhealthy.url)
+    probe_round(django_capture_on_commit_callbacks)
+    booted = replica(deployment, healthy.url)  # no probe yet
+
+    page = member_client.get("/tenants/acme/inference/chat/").content.decode()
+    assert _cell(page, ready) == "ready"
+    assert _cell(page, failing) == f"not ready: {unhealthy.url}/v1/models answered HTTP 500"
+    assert _cell(page, booted) == "waiting for first probe"
+    assert 'class="ready-replicas">1<' in page
+
+    shown = member_api.get(f"/api/deployments/{deployment.pk}/").json()
+    readiness = {r["instance_id"]: r["readiness"] for r in shown["replicas"]}
+    assert readiness[ready.instance_id]["status"] == "ready"
+    assert readiness[ready.instance_id]["last_probe_at"]
+    assert readiness[failing.instance_id] == {
+        "status": "not_ready",
+        "label": f"not ready: {unhealthy.url}/v1/models answered HTTP 500",
+        "last_probe_at": readiness[failing.instance_id]["last_probe_at"],
+        "consecutive_failures": 1,
+        "last_error": f"{unhealthy.url}/v1/models answered HTTP 500",
+    }
+    assert readiness[booted.instance_id]["status"] == "waiting"
+    assert shown["ready_replicas"] == 1
+    listed = member_api.get("/api/deployments/").json()["results"]
+    assert [d["ready_replicas"] for d in listed] == [1]
+
+    listing = member_client.get("/tenants/acme/inference/").content.decode()
+    assert "· 1 ready" in listing
+
+
+def test_operators_see_ready_replicas_across_the_fleet(
+    operator_client, deploy, replica, model_server, django_capture_on_commit_callbacks
+):
+    deployment = deploy("chat", min_replicas=2, max_replicas=2)
+    models = model_server()
+    replica(deployment, models.url)
+    replica(deployment, models.url)
+    probe_round(django_capture_on_commit_callbacks)
+
+    page = operator_client.get("/inference/").content.decode()
+    assert "<dt>Ready replicas</dt><dd>2</dd>" in page
+
+
+def _cell(page: str, vm) -> str:
+    """The text of a replica row's readiness cell."""
+    row = page.split(f'id="replica-{vm.pk}"', 1)[1].split("</tr>", 1)[0]
+    cell = row.split('class="replica-readiness">', 1)[1].split("</td>", 1)[0]
+    return cell.split(">", 1)[1].split("</span>", 1)[0]
