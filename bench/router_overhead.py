@@ -5,7 +5,8 @@ Runs gpucap.asgi:application as the Procfile deploys it (uvicorn, WORKERS proces
 the model simulator of a deployment's two simulated replicas, answering at once (time to first
 token 0, every token at once). The deployment's route document and an API key's document are
 written straight into a Redis database of the bench's own (REDIS_DB, emptied first), as the
-services publish them; nothing else is needed, the router reads Redis only.
+services publish them once both replicas' readiness probes have answered; nothing else is
+needed, the router reads Redis only.
 
 The same load, non-streamed chat completions with ``max_tokens`` 8 sent by wrk over keep-alive
 connections, goes
