@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
+    "django.contrib.postgres",  # OpClass in the fleet's exclusion constraint on guest subnets
     "rest_framework",
     "rest_framework.authtoken",
     "django_filters",

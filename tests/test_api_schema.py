@@ -123,7 +123,7 @@ def test_create_and_update_take_input_shapes_and_answer_with_the_full_object(sch
         "PatchedNodeUpdateRequest"
     )
     writable = set(schema["components"]["schemas"]["PatchedNodeUpdateRequest"]["properties"])
-    assert writable == {"partitions", "bmc_address", "labels"}
+    assert writable == {"partitions", "bmc_address", "labels", "guest_bridge", "guest_subnet"}
 
 
 def test_every_operation_documents_the_error_shape(schema):

@@ -39,8 +39,36 @@ class CapacitySetAdmin(admin.ModelAdmin):
     readonly_fields = ["cluster", "gpu_model", "fabric", "mode", "generation"]
 
 
+class NodeAdminForm(forms.ModelForm):
+    """The guest network as the API checks it: each value, no overlap with another node's
+    subnet (naming it), and no change while guests hold GPUs on the node."""
+
+    class Meta:
+        model = Node
+        # The admin adds the node's other editable fields (bmc_address, labels).
+        fields = ["guest_bridge", "guest_subnet"]
+
+    def clean(self):
+        data = super().clean()
+        bridge = data.get("guest_bridge", self.instance.guest_bridge) or ""
+        subnet = data.get("guest_subnet", self.instance.guest_subnet) or ""
+        node = self.instance if self.instance.pk else None
+        changed = node is None or (bridge, subnet) != (node.guest_bridge, node.guest_subnet)
+        if not changed:
+            return data
+        for field, problem in fleet.node_guest_network_problems(
+            node=node, guest_bridge=bridge, guest_subnet=subnet
+        ).items():
+            self.add_error(field, problem)
+        busy = fleet.node_guest_network_busy(node) if node is not None else ""
+        if busy:
+            self.add_error("guest_subnet", busy)
+        return data
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    form = NodeAdminForm
     list_display = [
         "hostname",
         "cluster",
@@ -49,9 +77,10 @@ class NodeAdmin(admin.ModelAdmin):
         "fabric",
         "gpu_count",
         "state",
+        "guest_subnet",
     ]
     list_filter = ["cluster", "capacity_set", "fabric", "state", "gpu_model"]
-    search_fields = ["hostname", "bmc_address"]
+    search_fields = ["hostname", "bmc_address", "guest_subnet"]
     list_select_related = ["cluster", "capacity_set"]
     readonly_fields = [
         "cluster",

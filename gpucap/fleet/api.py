@@ -101,6 +101,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "fabric_partition_ids",
             "bmc_address",
             "labels",
+            "guest_bridge",
+            "guest_subnet",
             "gpus",
             "created_at",
             "updated_at",
@@ -258,6 +260,17 @@ class GpuInputSerializer(InputSerializer):
     health = choice_field(Gpu.Health.choices, required=False)
 
 
+_GUEST_BRIDGE_HELP = (
+    "The node's Linux bridge its guests' interfaces join (an interface name, e.g. gpubr0). "
+    "Required with guest_subnet."
+)
+_GUEST_SUBNET_HELP = (
+    "IPv4 subnet gpucap gives the node's guests addresses from (e.g. 10.200.0.0/24); its first "
+    "address is the bridge's own, the guests' gateway. Blank: the node's driver gives guests "
+    "addresses itself. No two nodes' subnets may overlap. Changes only while no VM holds GPUs "
+    "on the node (409)."
+)
+
 _PARTITIONS_HELP = (
     "NVSwitch partition table as Fabric Manager lists it, in GPU indices, e.g. "
     "[[0,1,2,3,4,5,6,7],[0,1,2,3],[4,5,6,7],[0,2],[1,3],[4,6],[5,7],[0],...]. "
@@ -281,6 +294,13 @@ class NodeCreateSerializer(InputSerializer):
     )
     bmc_address = serializers.CharField(max_length=253, required=False, allow_blank=True)
     labels = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    # Lengths and forms are the service's rules, so its reasons come back naming the field.
+    guest_bridge = serializers.CharField(
+        required=False, allow_blank=True, help_text=_GUEST_BRIDGE_HELP
+    )
+    guest_subnet = serializers.CharField(
+        required=False, allow_blank=True, help_text=_GUEST_SUBNET_HELP
+    )
     gpus = GpuInputSerializer(
         many=True,
         required=False,
@@ -302,6 +322,13 @@ class NodeUpdateSerializer(InputSerializer):
     )
     bmc_address = serializers.CharField(max_length=253, required=False, allow_blank=True)
     labels = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    # Lengths and forms are the service's rules, so its reasons come back naming the field.
+    guest_bridge = serializers.CharField(
+        required=False, allow_blank=True, help_text=_GUEST_BRIDGE_HELP
+    )
+    guest_subnet = serializers.CharField(
+        required=False, allow_blank=True, help_text=_GUEST_SUBNET_HELP
+    )
 
 
 class CapacitySetCreateSerializer(InputSerializer):

@@ -7,13 +7,25 @@ the set) live in ``gpucap.fleet.services``.
 
 from collections.abc import Iterable
 
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.indexes import OpClass
 from django.db import models
-from django.db.models import F, Func, IntegerField, Q
+from django.db.models import CharField, F, Func, IntegerField, Q
 from django.db.models.lookups import Exact
 
 from gpucap.tenancy.models import Tenant
 
 MAX_GPUS_PER_NODE = 8
+# A Linux network interface name: at most 15 bytes (IFNAMSIZ - 1), no "/", ":" or whitespace.
+INTERFACE_NAME = r"^[A-Za-z0-9_.-]{1,15}$"
+
+
+class GuestSubnetCidr(Func):
+    """A node's guest subnet as PostgreSQL's ``cidr`` (NULL when blank), so the database can
+    compare subnets with ``&&`` (overlaps)."""
+
+    template = "(NULLIF(%(expressions)s, '')::cidr)"
+    output_field = CharField()
 
 
 class Fabric(models.TextChoices):
@@ -124,6 +136,18 @@ class Node(models.Model):
     )
     bmc_address = models.CharField(max_length=253, blank=True)
     labels = models.JSONField(default=dict, blank=True)
+    guest_bridge = models.CharField(
+        max_length=15,
+        blank=True,
+        help_text="The node's Linux bridge its guests' interfaces join, e.g. gpubr0.",
+    )
+    guest_subnet = models.CharField(
+        max_length=18,
+        blank=True,
+        help_text="IPv4 subnet gpucap gives the node's guests addresses from, e.g. "
+        "10.200.0.0/24; its first address is the bridge's own (the gateway). Blank: the "
+        "node's driver gives guests addresses itself. No two nodes' subnets overlap.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -164,6 +188,23 @@ class Node(models.Model):
                     )
                 ),
                 name="node_fabric_partition_ids_match_partitions",
+            ),
+            models.CheckConstraint(
+                condition=Q(guest_bridge="")
+                | (Q(guest_bridge__regex=INTERFACE_NAME) & ~Q(guest_bridge__in=[".", ".."])),
+                name="node_guest_bridge_interface_name",
+            ),
+            # Guests on a subnet reach the node (and the metadata proxy) through its bridge.
+            models.CheckConstraint(
+                condition=Q(guest_subnet="") | ~Q(guest_bridge=""),
+                name="node_guest_subnet_needs_bridge",
+            ),
+            # The metadata endpoint tells guests apart by address across the whole fleet.
+            ExclusionConstraint(
+                name="node_guest_subnets_disjoint",
+                index_type="gist",
+                expressions=[(OpClass(GuestSubnetCidr("guest_subnet"), name="inet_ops"), "&&")],
+                condition=~Q(guest_subnet=""),
             ),
         ]
 

@@ -3,14 +3,18 @@ and a fleet file's diff before it applies anything (gpucap.fleet.fleetfile). Eac
 stated once, here; a caller may word the context around it (a file names its keys), never the
 rule itself. Topology rules (block sizes, partition tables) live in gpucap.arbiter.topology."""
 
+import ipaddress
+import re
 from collections.abc import Sequence
 
 from gpucap.arbiter.topology import partition_table_problems
-from gpucap.fleet.models import Fabric
+from gpucap.fleet.models import INTERFACE_NAME, Fabric
 
 # How long a capacity set's interruption notice may be, in seconds.
 NOTICE_SECONDS_MIN = 1
 NOTICE_SECONDS_MAX = 86400
+# The smallest guest subnet: /30 holds the gateway and one guest.
+GUEST_PREFIX_MAX = 30
 
 
 def node_partitions_problems(
@@ -83,3 +87,62 @@ def floors_fit(*, floor_gpus: int, set_gpus: int) -> bool:
     """The floors of a set's pools together fit in the set's GPUs (rule 2 of the arbiter needs
     them to: a floor the set cannot hold can never be kept)."""
     return floor_gpus <= set_gpus
+
+
+# --- a node's guest network --------------------------------------------------------------------
+
+
+def guest_bridge_problem(name: object) -> str:
+    """Why ``name`` is not a Linux network interface name for a node's guest bridge, or ""."""
+    if not isinstance(name, str):
+        return f"must be text, got {name!r}"
+    if name in (".", "..") or not re.match(INTERFACE_NAME, name):
+        return (
+            f"{name!r} is not a Linux interface name: 1-15 letters, digits, '.', '-' or '_', "
+            "e.g. gpubr0"
+        )
+    return ""
+
+
+def guest_subnet_problem(subnet: object) -> str:
+    """Why ``subnet`` cannot be a node's guest subnet, or "". It is an IPv4 network in CIDR
+    form with room for the gateway (its first address) and at least one guest."""
+    if not isinstance(subnet, str):
+        return f"must be text, got {subnet!r}"
+    try:
+        network = ipaddress.ip_network(subnet, strict=False)
+    except ValueError:
+        return f"{subnet!r} is not an IPv4 subnet in CIDR form, e.g. 10.200.0.0/24"
+    if network.version != 4 or "/" not in subnet:
+        return f"{subnet!r} is not an IPv4 subnet in CIDR form, e.g. 10.200.0.0/24"
+    if str(network) != subnet:
+        return f"{subnet!r} has host bits set; the subnet is {network}"
+    if network.prefixlen > GUEST_PREFIX_MAX:
+        return (
+            f"/{network.prefixlen} has no room for a gateway and a guest; "
+            f"use /{GUEST_PREFIX_MAX} or larger"
+        )
+    return ""
+
+
+def guest_subnets_overlap(subnet: str, other: str) -> bool:
+    """Whether two valid guest subnets share an address."""
+    return ipaddress.ip_network(subnet).overlaps(ipaddress.ip_network(other))
+
+
+def guest_network_problems(*, guest_bridge: str, guest_subnet: str) -> dict[str, str]:
+    """A node's guest bridge and subnet, each checked, and together: a subnet needs a bridge."""
+    problems = {}
+    if guest_bridge:
+        problem = guest_bridge_problem(guest_bridge)
+        if problem:
+            problems["guest_bridge"] = problem
+    if guest_subnet:
+        problem = guest_subnet_problem(guest_subnet)
+        if problem:
+            problems["guest_subnet"] = problem
+        elif not guest_bridge and "guest_bridge" not in problems:
+            problems["guest_bridge"] = (
+                "is required with a guest_subnet: the bridge its guests' interfaces join"
+            )
+    return problems

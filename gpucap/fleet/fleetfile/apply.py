@@ -107,6 +107,8 @@ def _node_create(*, spec: NodeSpec, actor: Actor) -> None:
         labels=spec.labels,
         state=spec.state or Node.State.READY,
         gpus=gpus,
+        guest_bridge=spec.guest_bridge,
+        guest_subnet=spec.guest_subnet,
         actor=actor,
     )
 

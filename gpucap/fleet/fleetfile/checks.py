@@ -69,6 +69,7 @@ class Rules:
         self.late: list[str] = []
         self._first: dict[tuple, str] = {}
         self._rank_holders: dict[tuple, str] = {}
+        self._subnets: list[tuple[str, str]] = []  # (guest subnet, where) of the nodes so far
         self._run()
 
     def _item(self, loc: tuple) -> _Item:
@@ -224,6 +225,7 @@ class Rules:
         )
         if problem:
             self._add(node, ("bmc_address",), problem, slot="bmc_address:numbered")
+        self._guest_network(node, numbered, counted=count is not None, path=loc)
         if not self._clean(node) or cluster is None:
             return
         path = f"clusters[{loc[1]}].nodes[{loc[3]}]"
@@ -238,6 +240,55 @@ class Rules:
                     slot="hostname:twice",
                     where=where,
                 )
+
+    def _guest_network(self, node: _Item, numbered: list, *, counted: bool, path: tuple) -> None:
+        """The bridge and subnet, as the fleet services check them; a pattern gives each
+        numbered node its own subnet; no two nodes' subnets overlap (guests are told apart by
+        address across the fleet)."""
+        bridge, pattern = node.get("guest_bridge", ""), node.get("guest_subnet", "")
+        if bridge and rules.guest_bridge_problem(bridge):
+            self._add(node, ("guest_bridge",), rules.guest_bridge_problem(bridge))
+        if not pattern:
+            return
+        if not node.raw.get("guest_bridge"):
+            self._add(
+                node,
+                ("guest_bridge",),
+                "is required with a guest_subnet: the bridge its guests' interfaces join",
+            )
+        if counted and len(numbered) > 1 and "{" not in pattern:
+            self._add(
+                node,
+                ("guest_subnet",),
+                f"{pattern} cannot be the subnet of {len(numbered)} nodes; give a pattern with "
+                "one number field, such as 10.200.{}.0/24",
+                slot="guest_subnet:numbered",
+            )
+            return
+        subnets, problem = numbered_bmc_addresses(pattern, numbered, counted=counted)
+        if problem:
+            self._add(node, ("guest_subnet",), problem, slot="guest_subnet:numbered")
+            return
+        prefix = f"clusters[{path[1]}].nodes[{path[3]}]"
+        for (_, hostname), subnet in zip(numbered, subnets, strict=True):
+            problem = rules.guest_subnet_problem(subnet)
+            if problem:
+                self._add(node, ("guest_subnet",), problem)
+                return
+            where = f"{prefix} ({hostname})"
+            for other, other_where in self._subnets:
+                if rules.guest_subnets_overlap(subnet, other):
+                    self._add(
+                        node,
+                        ("guest_subnet",),
+                        f"{subnet} overlaps {other} of {other_where}; guests are told apart "
+                        "by address across the fleet",
+                        slot="guest_subnet:overlap",
+                        where=where,
+                    )
+                    break
+            else:
+                self._subnets.append((subnet, where))
 
     def _gpu_list(self, node: _Item, gpu_count: int | None, count: int | None) -> None:
         seen = set()

@@ -11,13 +11,33 @@ class NodesDiff:
     which holds the file, the database's rows and the bookkeeping used here."""
 
     def _plan_nodes(self) -> None:
+        # Nodes the file does not declare keep their subnets; the file's own are checked
+        # against each other already (`checks`).
+        declared = {(spec.cluster, spec.hostname) for spec in self.file.nodes}
+        kept_subnets = [
+            node for key, node in self.nodes.items() if key not in declared and node.guest_subnet
+        ]
         for spec in self.file.nodes:
+            self._check_node_subnet(spec, kept_subnets)
             self._check_node_set(spec)
             node = self.nodes.get((spec.cluster, spec.hostname))
             if node is None:
                 self._plan_new_node(spec)
             else:
                 self._plan_existing_node(spec, node)
+
+    def _check_node_subnet(self, spec: NodeSpec, kept_subnets: list[Node]) -> None:
+        if not spec.guest_subnet:
+            return
+        for node in kept_subnets:
+            if rules.guest_subnets_overlap(spec.guest_subnet, node.guest_subnet):
+                self._problem(
+                    spec.where,
+                    f"guest_subnet: {spec.guest_subnet} overlaps {node.guest_subnet} of node "
+                    f"{node.hostname} (cluster {node.cluster.name}, not in the file); guests "
+                    "are told apart by address across the fleet",
+                )
+                return
 
     def _check_node_set(self, spec: NodeSpec) -> None:
         if spec.capacity_set is None:
@@ -113,6 +133,11 @@ class NodesDiff:
         if node.labels != spec.labels:
             details.append(f"labels {compact(node.labels)} -> {compact(spec.labels)}")
             changes["labels"] = spec.labels
+        for field in ("guest_bridge", "guest_subnet"):
+            value, wanted = getattr(node, field), getattr(spec, field)
+            if value != wanted:
+                details.append(f"{field} {value or '(none)'} -> {wanted or '(none)'}")
+                changes[field] = wanted
         if changes:
             self._step("nodes", spec.where, "node_update", node=node, **changes)
         return details

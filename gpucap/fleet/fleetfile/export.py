@@ -105,6 +105,10 @@ def _export_node(cluster: Cluster, node: Node) -> dict:
         entry["state"] = node.state
     if node.bmc_address:
         entry["bmc_address"] = node.bmc_address
+    if node.guest_bridge:
+        entry["guest_bridge"] = node.guest_bridge
+    if node.guest_subnet:
+        entry["guest_subnet"] = node.guest_subnet
     if node.labels:
         entry["labels"] = _flow(dict(sorted(node.labels.items())))
     if node.partitions:

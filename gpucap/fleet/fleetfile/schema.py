@@ -179,7 +179,9 @@ class NodeEntry(Entry):
     report_order = (
         *("count", "start", "start:alone", "hostname", "gpu_model", "fabric", "gpus"),
         *("capacity_set", "state", "bmc_address", "labels", "partitions", "gpu_list"),
-        *("hostname:numbered", "bmc_address:numbered", "hostname:twice"),
+        *("guest_bridge", "guest_subnet"),
+        *("hostname:numbered", "bmc_address:numbered", "guest_subnet:numbered"),
+        *("hostname:twice", "guest_subnet:overlap"),
     )
     hostname: _text(253)
     count: _whole(1, checks.MAX_COUNT) | None = None
@@ -193,6 +195,9 @@ class NodeEntry(Entry):
     labels: dict | None = None
     partitions: Any = None  # checked with the node's fabric and GPU count
     gpu_list: list[GpuEntry] = []
+    guest_bridge: _text(15) = ""  # an interface name: checked with the rules (`checks`)
+    # A subnet, or with ``count`` a pattern such as 10.200.{}.0/24: checked with the rules.
+    guest_subnet: _text(64) = ""
 
 
 class ClusterEntry(Entry):
@@ -330,6 +335,9 @@ def _node_specs(path: str, cluster: str, node: NodeEntry) -> list[NodeSpec]:
     bmc_addresses, _ = checks.numbered_bmc_addresses(
         node.bmc_address, numbered, counted=node.count is not None
     )
+    subnets, _ = checks.numbered_bmc_addresses(
+        node.guest_subnet, numbered, counted=node.count is not None
+    )
     gpus = tuple(
         GpuSpec(
             index=g.index,
@@ -354,6 +362,10 @@ def _node_specs(path: str, cluster: str, node: NodeEntry) -> list[NodeSpec]:
             bmc_address=bmc_address,
             labels=node.labels or {},
             gpus=gpus,
+            guest_bridge=node.guest_bridge,
+            guest_subnet=guest_subnet,
         )
-        for (_, hostname), bmc_address in zip(numbered, bmc_addresses, strict=True)
+        for (_, hostname), bmc_address, guest_subnet in zip(
+            numbered, bmc_addresses, subnets, strict=True
+        )
     ]

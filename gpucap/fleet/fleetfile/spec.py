@@ -72,6 +72,8 @@ class NodeSpec:
     bmc_address: str
     labels: dict
     gpus: tuple[GpuSpec, ...]
+    guest_bridge: str = ""
+    guest_subnet: str = ""  # "": the node's driver gives guests addresses
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ capacity sets, and forgetting them."""
 import uuid
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -43,11 +43,17 @@ def node_create(
     labels: dict | None = None,
     state: str = Node.State.READY,
     gpus: list[dict] | None = None,
+    guest_bridge: str = "",
+    guest_subnet: str = "",
     actor: Actor = None,
 ) -> Node:
     """Register a node and its GPUs. ``gpus`` lists {index, uuid, pci_address, module_id,
-    health}; GPUs not listed get a generated UUID and PCI address, and no module id."""
-    errors: dict[str, str] = {}
+    health}; GPUs not listed get a generated UUID and PCI address, and no module id.
+    ``guest_subnet`` (with ``guest_bridge``) makes gpucap give the node's guests their
+    addresses."""
+    errors: dict[str, str] = _guest_network_errors(
+        guest_bridge=guest_bridge, guest_subnet=guest_subnet, node=None
+    )
     if Node.objects.filter(cluster=cluster, hostname=hostname).exists():
         errors["hostname"] = f"node {hostname!r} already exists in cluster {cluster.name}"
     if fabric not in Fabric.values:
@@ -72,7 +78,7 @@ def node_create(
     if isinstance(gpu_rows, str):
         raise ValidationError({"gpus": gpu_rows})
 
-    node = Node.objects.create(
+    node = Node(
         cluster=cluster,
         hostname=hostname,
         gpu_model=gpu_model,
@@ -82,7 +88,10 @@ def node_create(
         bmc_address=bmc_address,
         labels=labels or {},
         state=state,
+        guest_bridge=guest_bridge,
+        guest_subnet=guest_subnet,
     )
+    _save_guest_network(node, create=True)
     Gpu.objects.bulk_create(Gpu(node=node, **row) for row in gpu_rows)
     audit_record(
         actor=actor,
@@ -141,12 +150,21 @@ def node_update(
     partitions: list[list[int]] | None = ...,  # type: ignore[assignment]
     bmc_address: str | None = None,
     labels: dict | None = None,
+    guest_bridge: str | None = None,
+    guest_subnet: str | None = None,
     actor: Actor = None,
 ) -> Node:
     """Change a node's descriptive fields. A partition table change alters what can be placed,
-    so it bumps the set's generation."""
+    so it bumps the set's generation. The guest network changes only while no VM holds GPUs
+    on the node: its guests keep the addresses and bridge they booted with."""
     node = Node.objects.select_for_update().get(pk=node.pk)
-    before = {"partitions": node.partitions, "bmc_address": node.bmc_address, "labels": node.labels}
+    before = _described(node)
+    if guest_bridge is not None or guest_subnet is not None:
+        _guest_network_change(
+            node,
+            guest_bridge=node.guest_bridge if guest_bridge is None else guest_bridge,
+            guest_subnet=node.guest_subnet if guest_subnet is None else guest_subnet,
+        )
     if partitions is not ...:
         if partitions is not None:
             problem = _partitions_problem(
@@ -166,14 +184,94 @@ def node_update(
         if rules.labels_problem(labels):
             raise ValidationError({"labels": rules.labels_problem(labels)})
         node.labels = labels
-    after = {"partitions": node.partitions, "bmc_address": node.bmc_address, "labels": node.labels}
+    after = _described(node)
     if after == before:
         return node
-    node.save()
+    _save_guest_network(node, create=False)
     if after["partitions"] != before["partitions"]:
         capacity_set_bump(capacity_set_id=node.capacity_set_id)
     audit_record(actor=actor, verb="node.update", target=node, before=before, after=after)
     return node
+
+
+def _described(node: Node) -> dict:
+    return {
+        "partitions": node.partitions,
+        "bmc_address": node.bmc_address,
+        "labels": node.labels,
+        "guest_bridge": node.guest_bridge,
+        "guest_subnet": node.guest_subnet,
+    }
+
+
+def _guest_network_errors(*, guest_bridge: str, guest_subnet: str, node: Node | None) -> dict:
+    """Problems with a node's guest network, by field: each value, and a subnet that overlaps
+    another node's (named)."""
+    errors = rules.guest_network_problems(guest_bridge=guest_bridge, guest_subnet=guest_subnet)
+    if guest_subnet and "guest_subnet" not in errors:
+        other = _overlapping_node(guest_subnet, node=node)
+        if other is not None:
+            errors["guest_subnet"] = (
+                f"{guest_subnet} overlaps {other.guest_subnet} of node {other.hostname} "
+                f"(cluster {other.cluster.name}); guests are told apart by address across "
+                "the fleet"
+            )
+    return errors
+
+
+def _overlapping_node(guest_subnet: str, *, node: Node | None) -> Node | None:
+    others = Node.objects.exclude(guest_subnet="").select_related("cluster").order_by("pk")
+    if node is not None:
+        others = others.exclude(pk=node.pk)
+    for other in others.only("hostname", "guest_subnet", "cluster__name"):
+        if rules.guest_subnets_overlap(guest_subnet, other.guest_subnet):
+            return other
+    return None
+
+
+def _guest_network_change(node: Node, *, guest_bridge: str, guest_subnet: str) -> None:
+    if (guest_bridge, guest_subnet) == (node.guest_bridge, node.guest_subnet):
+        return
+    errors = _guest_network_errors(guest_bridge=guest_bridge, guest_subnet=guest_subnet, node=node)
+    if errors:
+        raise ValidationError(errors)
+    busy = node_guest_network_busy(node)
+    if busy:
+        raise Conflict(busy, code="node_busy")
+    node.guest_bridge, node.guest_subnet = guest_bridge, guest_subnet
+
+
+def node_guest_network_busy(node: Node) -> str:
+    """Why the node's guest network cannot change now ("": it can): guests holding GPUs there
+    booted with its bridge and an address from its subnet."""
+    holding = Gpu.objects.filter(
+        node=node, allocations__isnull=False, allocations__released_at__isnull=True
+    )
+    if not holding.exists():
+        return ""
+    return (
+        f"node {node.hostname} has VMs holding GPUs; its guest bridge and subnet can change "
+        "only when none do (drain it first)"
+    )
+
+
+def node_guest_network_problems(*, node: Node | None, guest_bridge: str, guest_subnet: str) -> dict:
+    """What is wrong with giving ``node`` (None: a new one) this guest network, by field."""
+    return _guest_network_errors(guest_bridge=guest_bridge, guest_subnet=guest_subnet, node=node)
+
+
+def _save_guest_network(node: Node, *, create: bool) -> None:
+    """Save the node; a subnet another transaction gave an overlapping node meanwhile (the
+    database's exclusion constraint) is the same 400 as one found before."""
+    try:
+        with transaction.atomic():
+            node.save(force_insert=create)
+    except IntegrityError as exc:
+        if "node_guest_subnets_disjoint" not in str(exc):
+            raise
+        raise ValidationError(
+            {"guest_subnet": f"{node.guest_subnet} overlaps the guest subnet of another node"}
+        ) from None
 
 
 # Which states an operator may move a node between, and the audit verb for each move.
