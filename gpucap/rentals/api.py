@@ -41,6 +41,15 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     gpus = serializers.SerializerMethodField(
         help_text="Indices of the GPUs of `node` the VM holds now; empty when it holds none."
     )
+    ip_address = serializers.IPAddressField(
+        read_only=True,
+        allow_null=True,
+        help_text="The guest's address: from its node's guest subnet as soon as it is placed, "
+        "or as the node's driver reports it once it runs.",
+    )
+    ssh_command = serializers.SerializerMethodField(
+        help_text="How to log in while the VM runs (e.g. `ssh root@10.200.0.18`); null otherwise."
+    )
 
     class Meta:
         model = VirtualMachine
@@ -64,6 +73,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "node_hostname",
             "gpus",
             "ip_address",
+            "ssh_command",
             "requested_at",
             "started_at",
             "stopped_at",
@@ -75,6 +85,10 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_gpus(self, vm: VirtualMachine) -> list[int]:
         return selectors.gpu_indices(vm)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_ssh_command(self, vm: VirtualMachine) -> str | None:
+        return selectors.vm_ssh_command(vm) or None
 
 
 # --- input shapes -----------------------------------------------------------------------------
@@ -110,6 +124,14 @@ class VmRequestSerializer(InputSerializer):
     )
     image = serializers.CharField(max_length=200, help_text="e.g. ubuntu-24.04-cuda-12.6")
     ssh_public_key = serializers.CharField(help_text="One OpenSSH public key line.")
+    user_data = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Your own cloud-init user-data (#cloud-config, a script, ...), at most 16 KiB "
+        "of UTF-8; the guest runs it after gpucap installs your SSH key. Served to the guest "
+        "at /latest/user-data.",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

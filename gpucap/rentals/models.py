@@ -1,7 +1,16 @@
-"""Tenants' GPU VMs and the GPUs they hold.
+"""Tenants' GPU VMs, the GPUs they hold and the addresses their guests use.
 
 A GPU is held by at most one live allocation: a partial unique index in PostgreSQL, so two
 workers placing at once can never both win a card, whatever the code does.
+
+A VM placed on a node with a guest subnet also holds a ``GuestAddress``: an address of that
+subnet and a MAC, from placement until it lets go of its GPUs. It is a row of its own, like
+``Allocation``, rather than fields of the VM, because "live" must be a fact the database can
+index (``released_at`` is NULL) for the two partial unique indexes that keep an address and a
+MAC to one live holder across the fleet (the metadata endpoint tells guests apart by address),
+and because the rows left behind say which VM had which address when — what an operator needs
+to answer an abuse report about an address. The VM's ``ip_address`` is set from it at
+placement, so the metadata endpoint knows the guest while it boots.
 """
 
 from django.conf import settings
@@ -40,6 +49,11 @@ class VirtualMachine(models.Model):
     gpu_count = models.PositiveSmallIntegerField()
     image = models.CharField(max_length=200)
     ssh_public_key = models.TextField()
+    user_data = models.TextField(
+        blank=True,
+        help_text="The tenant's own cloud-init user-data, given to the guest after gpucap's "
+        "(at most 16 KiB).",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     node = models.ForeignKey(
         Node,
@@ -163,3 +177,44 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.vm} holds {self.gpu}"
+
+
+class GuestAddress(models.Model):
+    """A VM's address and MAC from its node's guest subnet, from placement until
+    ``released_at`` (when the VM lets go of its GPUs)."""
+
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="guest_addresses")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="guest_addresses")
+    address = models.GenericIPAddressField(protocol="IPv4")
+    mac = models.CharField(max_length=17)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "address"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["address"],
+                condition=Q(released_at__isnull=True),
+                name="guestaddress_one_live_holder_per_address",
+            ),
+            models.UniqueConstraint(
+                fields=["mac"],
+                condition=Q(released_at__isnull=True),
+                name="guestaddress_one_live_holder_per_mac",
+            ),
+            models.UniqueConstraint(
+                fields=["vm"],
+                condition=Q(released_at__isnull=True),
+                name="guestaddress_one_live_address_per_vm",
+            ),
+            # Lower-case, and locally administered unicast (second hex digit 2, 6, a or e):
+            # never a vendor's address.
+            models.CheckConstraint(
+                condition=Q(mac__regex=r"^[0-9a-f][26ae](:[0-9a-f]{2}){5}$"),
+                name="guestaddress_mac_local_unicast",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vm} at {self.address}"

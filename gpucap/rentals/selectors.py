@@ -53,6 +53,21 @@ def vm_visible_to(*, user: AbstractBaseUser, pk: int) -> VirtualMachine:
     return vm
 
 
+def vm_login_user(vm: VirtualMachine) -> str:
+    """The user a tenant logs in to the guest as: the image's default user, which cloud-init
+    gives the tenant's key. "root" until the image catalogue (issue 14, item 4) names each
+    image's default user; then it comes from the VM's image."""
+    return "root"
+
+
+def vm_ssh_command(vm: VirtualMachine) -> str:
+    """What the tenant types to log in (``ssh root@10.200.0.18``), while the guest runs and
+    has an address; "" otherwise."""
+    if not vm.ip_address or vm.state not in (State.RUNNING, State.NOTIFIED):
+        return ""
+    return f"ssh {vm_login_user(vm)}@{vm.ip_address}"
+
+
 def gpu_indices(vm: VirtualMachine) -> list[int]:
     """The GPU indices a VM loaded through ``vms_with_gpus`` holds now."""
     return [allocation.gpu.index for allocation in vm.live_allocations]

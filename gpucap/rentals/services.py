@@ -13,10 +13,12 @@ from django.utils import timezone
 
 from gpucap.arbiter.topology import gpu_count_problem, node_partitions
 from gpucap.audit.services import Actor, audit_record
+from gpucap.drivers.seed import user_data_problem
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.fleet.services import capacity_set_bump
-from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.rentals.guest_network import guest_address_release, guest_address_take
+from gpucap.rentals.models import Allocation, GuestAddress, VirtualMachine
 from gpucap.rentals.signals import vm_transitioned
 from gpucap.tasks import enqueue_on_commit
 from gpucap.tenancy.models import Tenant
@@ -88,6 +90,7 @@ def vm_transition(
     locked.save()
     if before["state"] in HOLDING and to not in HOLDING:
         Allocation.objects.filter(vm=locked, released_at=None).update(released_at=now)
+        guest_address_release(vm=locked, at=now)
     audit_record(
         actor=actor, verb=f"vm.{to}", target=locked, before=before, after=after, message=message
     )
@@ -134,10 +137,12 @@ def vm_request(
     role: str = VirtualMachine.Role.RENTAL,
     deployment=None,
     demand_group: str = "",
+    user_data: str = "",
 ) -> VirtualMachine:
     """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found. Inference
     replicas are asked for by the inference services (``deployment``, and a
-    ``demand_group`` shared by the replicas of one scale-up step)."""
+    ``demand_group`` shared by the replicas of one scale-up step). ``user_data`` is the
+    tenant's own cloud-init user-data for the guest (checked as the seed will use it)."""
     errors: dict[str, str] = {}
     if not pool.tenants.filter(pk=tenant.pk).exists():
         errors["pool"] = f"tenant {tenant.slug} may not use pool {pool.name}"
@@ -170,6 +175,10 @@ def vm_request(
         errors["ssh_public_key"] = (
             "must be one OpenSSH public key line, e.g. 'ssh-ed25519 AAAA... you@laptop'"
         )
+    if not isinstance(user_data, str):
+        errors["user_data"] = "must be text"
+    elif user_data_problem(user_data):
+        errors["user_data"] = user_data_problem(user_data)
     if errors:
         raise ValidationError(errors)
     vm = VirtualMachine.objects.create(
@@ -184,6 +193,7 @@ def vm_request(
         created_by=actor if actor is not None and actor.is_authenticated else None,
         deployment=deployment,
         demand_group=demand_group,
+        user_data=user_data,
     )
     audit_record(
         actor=actor,
@@ -215,7 +225,9 @@ def vm_place(
     message: str = "",
 ) -> VirtualMachine:
     """Give a pending VM these GPUs of ``node`` and start provisioning it. Two placements racing
-    for one GPU: the database lets exactly one win; the other gets a Conflict."""
+    for one GPU: the database lets exactly one win; the other gets a Conflict. On a node with a
+    guest subnet the VM also gets an address and a MAC (gpucap.rentals.guest_network), its
+    ``ip_address`` from now on; on one without, the driver reports the address once it runs."""
     indices = sorted(set(gpu_indices))
     node = Node.objects.get(pk=node.pk)  # decide on the node as it is now, not as passed in
     problem = _placement_problem(vm=vm, node=node, indices=indices)
@@ -232,10 +244,18 @@ def vm_place(
         raise Conflict(
             f"GPUs {indices} of {node.hostname} are no longer free", code="gpus_taken"
         ) from None
+    guest = guest_address_take(vm=vm, node=node)
     left = vm.node_id if vm.node_id not in (None, node.pk) else None
-    # Its usage interval opens with the move (a receiver of vm_transitioned).
+    # Its usage interval opens with the move (a receiver of vm_transitioned). An address from
+    # an earlier placement is no longer the guest's: the metadata endpoint must not serve it.
     placed = vm_transition(
-        vm=vm, to=State.PROVISIONING, actor=actor, message=message, node=node, failure_reason=""
+        vm=vm,
+        to=State.PROVISIONING,
+        actor=actor,
+        message=message,
+        node=node,
+        failure_reason="",
+        ip_address=None if guest is None else guest.address,
     )
     enqueue_on_commit("rentals.vm_provision", placed.pk)
     if left is not None:
@@ -387,10 +407,13 @@ def vm_mark_running(
     *, vm: VirtualMachine, ip_address: str, endpoint_url: str | None = None
 ) -> VirtualMachine:
     """The driver says the VM booted (an inference replica: and where its model server
-    listens). Harmless to call twice."""
+    listens). Harmless to call twice. An address gpucap gave the VM stays: the driver's view of
+    it (a DHCP lease, a guest agent) does not overrule the subnet's owner."""
     locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
     if locked.state != State.PROVISIONING:
         return locked
+    if GuestAddress.objects.filter(vm=locked, released_at=None).exists():
+        ip_address = locked.ip_address
     return vm_transition(
         vm=locked, to=State.RUNNING, ip_address=ip_address, endpoint_url=endpoint_url or ""
     )

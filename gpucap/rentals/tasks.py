@@ -31,6 +31,7 @@ from gpucap.drivers.base import (
 from gpucap.drivers.registry import driver_for
 from gpucap.fleet.models import Node
 from gpucap.rentals import services
+from gpucap.rentals.guest_network import guest_network_for
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.reconcile import vm_driver_lock, vms_reconcile
 
@@ -186,6 +187,7 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         role=vm.role,
         # NVSwitch nodes: the NVLink partition these GPUs form, as Fabric Manager numbers it.
         fabric_partition=vm.node.fabric_partition_id(gpu.index for gpu in gpus),
+        network=guest_network_for(vm),
     )
 
 
