@@ -1,8 +1,12 @@
 """What the instance metadata endpoint serves, kept in Redis by the services that change it.
 
 One key per VM address: ``gpucap:imds:ip:<address>`` -> JSON ``{"vm": "vm-42", "ip": address,
-"key": the tenant's SSH public key, "notice": null | {"reason", "issued_at", "deadline"}}`` (times
-as UTC ISO-8601 with ``Z``). The endpoint reads
+"key": the tenant's SSH public key, "user": the image's login user, "user_data": the tenant's
+user-data (left out when empty), "notice": null | {"reason", "issued_at", "deadline"}}`` (times
+as UTC ISO-8601 with ``Z``). A document written before a field existed lacks it, and the
+endpoint answers 404 for what it would serve until the next publish or resync. A VM is served
+from placement (provisioning, once it has an address: cloud-init reads while it boots) until
+it lets go of its GPUs. The endpoint reads
 only this key, so it needs no session, template or ORM work per request. Services publish after
 their transaction commits; ``metadata_resync`` rebuilds every key (run by the periodic sweep) so
 a lost publish heals within one sweep interval.
@@ -16,6 +20,7 @@ from gpucap.cache_flush import publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.redis_clients import metadata_redis
 from gpucap.rentals.models import VirtualMachine
+from gpucap.rentals.selectors import vm_login_user
 
 KEY_PREFIX = "gpucap:imds:ip:"
 
@@ -25,10 +30,11 @@ def metadata_key(ip_address: str) -> str:
 
 
 def metadata_document(vm, notice) -> dict:
-    return {
+    document = {
         "vm": vm.instance_id,
         "ip": vm.ip_address,
         "key": vm.ssh_public_key.strip(),
+        "user": vm_login_user(vm),
         "notice": None
         if notice is None
         else {
@@ -37,6 +43,9 @@ def metadata_document(vm, notice) -> dict:
             "deadline": utc_z(notice.deadline),
         },
     }
+    if vm.user_data:
+        document["user_data"] = vm.user_data
+    return document
 
 
 def utc_z(moment: datetime) -> str:
@@ -98,8 +107,9 @@ def metadata_resync() -> int:
     return len(documents)
 
 
-# A guest can ask while it runs, is notified or is shutting down.
-_SERVED_STATES = ("running", "notified", "stopping")
+# A guest can ask while it boots, runs, is notified or is shutting down. A booting VM has an
+# address only where gpucap gave it one (vm_place); elsewhere the driver reports it at running.
+_SERVED_STATES = ("provisioning", "running", "notified", "stopping")
 # Deletes KEYS[1] if its document is the one of VM ARGV[1], in the same round trip as the writes.
 _DELETE_IF_VM = """
 local current = redis.call('GET', KEYS[1])

@@ -218,6 +218,11 @@ def _public_key(document) -> str | None:
     return f"{key}\n" if key else None
 
 
+def _user_data(document) -> str | None:
+    """The tenant's own user-data, as given; EC2 and GCP answer 404 for a VM without any."""
+    return document.get("user_data") or None
+
+
 def _instance_action(document) -> str | None:
     notice = document["notice"]
     if notice is None:
@@ -270,6 +275,32 @@ async def _wait_for_change(address: str, value: str, *, timeout: int) -> dict | 
         if document is None or _preempted(document) != value:
             return document
     return document
+
+
+def _gcp(render):
+    """A GCP GET: the ``Metadata-Flavor: Google`` header, then the VM's document; answers
+    carry the header back, as GCP's do."""
+    flavor = [(b"metadata-flavor", b"Google")]
+
+    async def handler(request, address, send) -> None:
+        if request.headers.get("metadata-flavor") != "Google":
+            await _text(send, 403, "Missing Metadata-Flavor:Google header.", headers=flavor)
+            return
+        document = await _document(address)
+        body = None if document is None else render(document)
+        if body is None:
+            await _text(send, 404, "not found", headers=flavor)
+            return
+        await _text(send, 200, body, headers=flavor)
+
+    return handler
+
+
+def _gcp_ssh_keys(document) -> str | None:
+    """GCP's ``ssh-keys`` attribute: ``<user>:<public key>`` per line, read by the guest
+    agent and by OS Login-less images."""
+    key, user = document.get("key"), document.get("user")
+    return f"{user}:{key}\n" if key and user else None
 
 
 def _preempted(document) -> str:
@@ -481,7 +512,10 @@ _ROUTES = {
     "/latest/meta-data/public-keys/0/openssh-key": {"GET": _ec2(_public_key)},
     "/latest/meta-data/spot/instance-action": {"GET": _ec2(_instance_action)},
     "/latest/meta-data/spot/termination-time": {"GET": _ec2(_termination_time)},
+    "/latest/user-data": {"GET": _ec2(_user_data)},
     "/computeMetadata/v1/instance/preempted": {"GET": gcp_preempted},
+    "/computeMetadata/v1/instance/attributes/user-data": {"GET": _gcp(_user_data)},
+    "/computeMetadata/v1/instance/attributes/ssh-keys": {"GET": _gcp(_gcp_ssh_keys)},
     "/metadata/scheduledevents": {"GET": azure_events, "POST": azure_start},
     "/metadata/v1/interruption": {"GET": native_interruption},
     "/metadata/v1/interruption/ack": {"POST": native_ack},

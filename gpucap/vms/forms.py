@@ -51,6 +51,21 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
         ),
     )
 
+    user_data = forms.CharField(
+        label="User-data (optional)",
+        required=False,
+        strip=False,
+        help_text="Your own cloud-init user-data (#cloud-config, a script, ...), at most 16 KiB; "
+        "run after gpucap installs your SSH key.",
+        widget=forms.Textarea(
+            attrs={
+                "rows": 4,
+                "placeholder": "#cloud-config\npackages: [htop]",
+                "spellcheck": "false",
+            }
+        ),
+    )
+
     def __init__(self, data=None, *, tenant: Tenant) -> None:
         super().__init__(data)
         pool = self.fields["pool"]
