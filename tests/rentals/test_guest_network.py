@@ -89,9 +89,7 @@ def test_a_failed_vm_releases_its_address(pools, subnet_node):
     assert place(pools["h100-spot"], subnet_node, [1], name="next").ip_address == "10.200.0.2"
 
 
-def test_a_full_subnet_is_a_conflict_naming_node_and_subnet_and_the_vm_stays_pending(
-    pools, nodes
-):
+def test_a_full_subnet_is_a_conflict_naming_node_and_subnet_and_the_vm_stays_pending(pools, nodes):
     # A /30 holds the gateway (10.9.8.1) and one guest (10.9.8.2).
     node = fleet.node_update(node=nodes["h100-001"], guest_bridge="br0", guest_subnet="10.9.8.0/30")
     place(pools["h100-spot"], node, [0], name="only")

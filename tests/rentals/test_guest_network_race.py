@@ -20,9 +20,7 @@ RACERS = 8
 ROUNDS = 3
 
 
-def test_vms_placed_at_once_on_one_node_all_get_distinct_addresses(
-    fleet_east, tenant, sent_tasks
-):
+def test_vms_placed_at_once_on_one_node_all_get_distinct_addresses(fleet_east, tenant, sent_tasks):
     pool = fleet_east["pools"]["a100-standalone"]
     fleet.pool_set_tenants(pool=pool, tenants=[tenant])
     node = fleet.node_update(
