@@ -6,13 +6,24 @@ import re
 
 from django.contrib import admin
 
-from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.rentals.models import Allocation, GuestAddress, VirtualMachine
 
 
 class AllocationInline(admin.TabularInline):
     model = Allocation
     extra = 0
     fields = ["gpu", "created_at", "released_at"]
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class GuestAddressInline(admin.TabularInline):
+    model = GuestAddress
+    extra = 0
+    fields = ["address", "mac", "node", "created_at", "released_at"]
     readonly_fields = fields
     can_delete = False
 
@@ -36,7 +47,7 @@ class VirtualMachineAdmin(admin.ModelAdmin):
     search_fields = ["name", "ip_address", "tenant__slug", "node__hostname"]
     list_select_related = ["tenant", "pool", "node"]
     readonly_fields = [field.name for field in VirtualMachine._meta.fields if field.name != "id"]
-    inlines = [AllocationInline]
+    inlines = [AllocationInline, GuestAddressInline]
 
     def get_search_results(self, request, queryset, search_term):
         """An instance id as guests and the API show it (``vm-42``, or just ``42``) finds that
@@ -60,6 +71,26 @@ class AllocationAdmin(admin.ModelAdmin):
     search_fields = ["vm__name", "gpu__node__hostname", "gpu__uuid"]
     list_select_related = ["vm", "gpu__node"]
     readonly_fields = ["vm", "gpu", "created_at", "released_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(GuestAddress)
+class GuestAddressAdmin(admin.ModelAdmin):
+    """Which VM had which address when: what an abuse report about an address needs."""
+
+    list_display = ["address", "mac", "vm", "node", "created_at", "released_at"]
+    list_filter = [("released_at", admin.EmptyFieldListFilter), "node__cluster"]
+    search_fields = ["address", "mac", "vm__name", "node__hostname"]
+    list_select_related = ["vm", "node"]
+    readonly_fields = ["vm", "node", "address", "mac", "created_at", "released_at"]
 
     def has_add_permission(self, request) -> bool:
         return False

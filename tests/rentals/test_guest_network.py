@@ -3,7 +3,9 @@ live VMs by the database, released with the GPUs and reused, refused clearly whe
 full, and handed to the driver in the VmSpec."""
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from gpucap.drivers.base import GuestNetwork
 from gpucap.errors import Conflict
@@ -11,6 +13,7 @@ from gpucap.fleet import services as fleet
 from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, GuestAddress, VirtualMachine
 from gpucap.rentals.tasks import _spec
+from tests.conftest import PASSWORD
 from tests.rentals.vm_helpers import request_vm
 
 State = VirtualMachine.State
@@ -142,3 +145,17 @@ def test_the_guest_network_of_a_node_with_guests_cannot_change(pools, subnet_nod
     assert "h100-001" in refused.value.message
     subnet_node.refresh_from_db()
     assert subnet_node.guest_subnet == "10.200.0.0/24"
+
+
+def test_the_admin_finds_who_held_an_address_read_only(client, pools, subnet_node):
+    held = place(pools["h100-spot"], subnet_node, [0], name="held")
+    place(pools["h100-spot"], subnet_node, [1], name="other")
+    client.force_login(User.objects.create_superuser("root", password=PASSWORD))
+
+    found = client.get(reverse("admin:rentals_guestaddress_changelist") + "?q=10.200.0.2")
+    vm_page = client.get(reverse("admin:rentals_virtualmachine_change", args=[held.pk]))
+
+    assert found.status_code == 200
+    assert [row.vm_id for row in found.context["cl"].result_list] == [held.pk]
+    assert "52:54:00:c8:00:02" in vm_page.content.decode()
+    assert client.get(reverse("admin:rentals_guestaddress_add")).status_code == 403
