@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Node
@@ -256,3 +257,11 @@ def test_a_bad_guest_network_in_a_fleet_file_is_refused_by_name(fleet_file, old,
     problems = refused(fleet_file(edited(WITH_SUBNETS, old, new)))
 
     assert reason in problems
+
+
+def test_the_node_page_shows_its_guest_bridge_and_subnet(operator_client, with_subnet):
+    page = operator_client.get(reverse("fleet:node-detail", args=["east", "l40s-001"]))
+
+    assert page.status_code == 200
+    assert "<code>gpubr0</code>" in page.content.decode()
+    assert "<code>10.200.0.0/24</code>" in page.content.decode()
