@@ -188,6 +188,7 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         # NVSwitch nodes: the NVLink partition these GPUs form, as Fabric Manager numbers it.
         fabric_partition=vm.node.fabric_partition_id(gpu.index for gpu in gpus),
         network=guest_network_for(vm),
+        user_data=vm.user_data,
     )
 
 

@@ -118,8 +118,10 @@ def test_a_worker_killed_mid_provision_leaves_the_vm_to_the_reconciler_which_fin
 
     # The kill took the in-flight provision with it: its message stays unacknowledged until the
     # broker's visibility timeout (an hour), so no worker will record the boot.
+    # (A debounced plans.replan the placement sent may be held there too: not the VM's work.)
     lost = queue_in_flight(celery_queue)
-    assert {m["headers"]["task"] for m in lost.values()} == {"rentals.vm_provision"}
+    held = {m["headers"]["task"] for m in lost.values()}
+    assert {name for name in held if not name.startswith("plans.")} == {"rentals.vm_provision"}
     assert state_of(vm) == State.PROVISIONING
 
     second = workers()
