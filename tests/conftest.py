@@ -129,7 +129,9 @@ def anonymous_api() -> APIClient:
 def fleet_east(db, tenant, other_tenant):
     """Cluster ``east``: an NVSwitch H100 set of two 8-GPU nodes (one with a non-adjacent
     partition table), a PCIe L40S set of two 4-GPU nodes, one standalone node, and pools of all
-    three kinds. Tenant acme may use ``h100-spot``; globex may use ``l40s-ondemand``."""
+    three kinds. Tenant acme may use ``h100-spot``; globex may use ``l40s-ondemand``. Its image
+    catalogue offers ``ubuntu-24.04-cuda-12.6`` (user ubuntu) and the replicas'
+    ``gpucap-model-server`` (port 8000)."""
     cluster = fleet.cluster_create(name="east", driver=Cluster.Driver.SIMULATED)
     h100 = fleet.capacity_set_create(
         cluster=cluster, name="h100-east", gpu_model="H100-SXM5-80GB", fabric="nvswitch"
@@ -206,7 +208,22 @@ def fleet_east(db, tenant, other_tenant):
     }
     fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[tenant])
     fleet.pool_set_tenants(pool=pools["l40s-ondemand"], tenants=[other_tenant])
+    images = {
+        "ubuntu-24.04-cuda-12.6": fleet.image_create(
+            cluster=cluster,
+            name="ubuntu-24.04-cuda-12.6",
+            base_image="/var/lib/gpucap/images/ubuntu-24.04-cuda-12.6.qcow2",
+            default_user="ubuntu",
+        ),
+        "gpucap-model-server": fleet.image_create(
+            cluster=cluster,
+            name="gpucap-model-server",
+            base_image="/var/lib/gpucap/images/gpucap-model-server.qcow2",
+            ports=[8000],
+        ),
+    }
     return {
+        "images": images,
         "cluster": cluster,
         "sets": {"h100-east": h100, "l40s-east": l40s},
         "nodes": nodes,

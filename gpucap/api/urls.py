@@ -9,6 +9,7 @@ from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
     GpuViewSet,
+    ImageViewSet,
     NodeViewSet,
     PoolViewSet,
 )
@@ -37,6 +38,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("capacity-sets", CapacitySetViewSet, basename="capacity-set")
 router.register("pools", PoolViewSet, basename="pool")
+router.register("images", ImageViewSet, basename="image")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("vms", VirtualMachineViewSet, basename="vm")
 router.register("notices", NoticeViewSet, basename="notice")

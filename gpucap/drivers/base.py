@@ -65,7 +65,7 @@ class VmSpec:
     instance_id: str  # "vm-42": the domain name on the hypervisor
     node: str  # hostname of the GPU server
     gpus: tuple[GpuDevice, ...]
-    image: str
+    image: str  # the catalogue image's name
     ssh_public_key: str
     role: str = "rental"  # or "inference_replica"
     user_data: str = ""  # the tenant's own cloud-init user-data, checked already
@@ -77,6 +77,10 @@ class VmSpec:
     # NVSwitch nodes: Fabric Manager's id for the NVLink partition made of ``gpus``, activated
     # before the VM starts and deactivated after it stops (see ``fabric_manager``).
     fabric_partition: int | None = None
+    # The catalogue image's base on this node (a path or a storage volume name), which the VM's
+    # qcow2 overlay backs onto; "" when the image is not in the catalogue (the driver's own
+    # naming of ``image`` applies).
+    base_image: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ from django import forms
 from django.contrib import admin
 
 from gpucap.fleet import services as fleet
-from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.fleet.services.fabric import module_id_problem, module_ids_problem
+from gpucap.fleet.services.images import IMAGE_FIELDS, image_problems
 
 
 class GpuInline(admin.TabularInline):
@@ -140,3 +141,55 @@ class PoolAdmin(admin.ModelAdmin):
     list_select_related = ["cluster", "capacity_set"]
     readonly_fields = ["cluster", "capacity_set", "rank", "floor_gpus", "kind"]
     filter_horizontal = ["tenants"]
+
+
+class ImageAdminForm(forms.ModelForm):
+    """Checks an image with the catalogue's own rules, each problem next to its field."""
+
+    class Meta:
+        model = Image
+        fields = ["cluster", "name", *IMAGE_FIELDS]
+
+    def clean(self):
+        data = super().clean()
+        cluster = data.get("cluster") or getattr(self.instance, "cluster", None)
+        if cluster is not None and not self.errors:
+            values = {field: data.get(field, default) for field, default in IMAGE_FIELDS.items()}
+            values["node_paths"] = values["node_paths"] or {}
+            values["ports"] = values["ports"] or []
+            for field, problem in image_problems(cluster=cluster, values=values).items():
+                self.add_error(field, problem)
+        return data
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    """The image catalogue; every save and delete goes through the fleet services (audited)."""
+
+    form = ImageAdminForm
+    list_display = ["name", "cluster", "default_user", "ports", "enabled", "updated_at"]
+    list_filter = ["cluster", "enabled"]
+    search_fields = ["name", "base_image", "description"]
+    list_select_related = ["cluster"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["cluster", "name"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        values = {
+            field: form.cleaned_data[field] for field in IMAGE_FIELDS if field in form.cleaned_data
+        }
+        if change:
+            fleet.image_update(image=obj, actor=request.user, **values)
+        else:
+            created = fleet.image_create(
+                cluster=obj.cluster, name=obj.name, actor=request.user, **values
+            )
+            obj.pk = created.pk
+
+    def delete_model(self, request, obj):
+        fleet.image_delete(image=obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for image in queryset:
+            fleet.image_delete(image=image, actor=request.user)

@@ -26,10 +26,11 @@ from gpucap.fleet.filters import (
     CapacitySetFilter,
     ClusterFilter,
     GpuFilter,
+    ImageFilter,
     NodeFilter,
     PoolFilter,
 )
-from gpucap.fleet.models import CapacitySet, Cluster, Fabric, Gpu, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Fabric, Gpu, Image, Node, Pool
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
@@ -227,6 +228,59 @@ def _pool_as_seen(*, many: bool) -> PolymorphicProxySerializer:
     )
 
 
+class ImageSerializer(serializers.ModelSerializer):
+    """A catalogue image as operators see it."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    node_paths = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Per-node overrides of base_image: {hostname: path or volume name}.",
+    )
+    ports = serializers.ListField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        help_text="TCP ports a replica image serves; the first is the OpenAI endpoint.",
+    )
+
+    class Meta:
+        model = Image
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "name",
+            "base_image",
+            "node_paths",
+            "default_user",
+            "ports",
+            "health_path",
+            "description",
+            "enabled",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class TenantImageSerializer(ImageSerializer):
+    """An image as a tenant member sees it: what to choose and how to log in, not where its
+    files lie on the nodes."""
+
+    class Meta(ImageSerializer.Meta):
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "name",
+            "default_user",
+            "ports",
+            "health_path",
+            "description",
+        ]
+        read_only_fields = fields
+
+
 # --- input serializers: shapes only, the services decide --------------------------------------
 
 
@@ -388,6 +442,46 @@ class PoolUpdateSerializer(InputSerializer):
         queryset=Tenant.objects.all(),
         help_text="Slugs of the tenants that may use the pool (replaces the list).",
     )
+
+
+class _ImageFieldsSerializer(InputSerializer):
+    base_image = serializers.CharField(
+        max_length=500,
+        help_text="The base image on the nodes: an absolute path or a storage volume name.",
+    )
+    node_paths = serializers.DictField(
+        child=serializers.CharField(max_length=500),
+        required=False,
+        help_text="Per-node overrides of base_image: {hostname: path}; hostnames of the "
+        "image's cluster.",
+    )
+    default_user = serializers.CharField(
+        max_length=32, required=False, help_text="The login user, e.g. ubuntu (default root)."
+    )
+    ports = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="TCP ports a replica image serves; the first is the OpenAI endpoint.",
+    )
+    health_path = serializers.CharField(
+        max_length=200, required=False, help_text="The replica readiness probe's path."
+    )
+    description = serializers.CharField(required=False, allow_blank=True)
+    enabled = serializers.BooleanField(required=False, help_text="Offered to tenants.")
+
+
+class ImageCreateSerializer(_ImageFieldsSerializer):
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    name = serializers.CharField(
+        max_length=64, help_text="What tenants choose, e.g. ubuntu-24.04-cuda-12.6."
+    )
+
+
+class ImageUpdateSerializer(_ImageFieldsSerializer):
+    hints = {
+        "cluster": "an image belongs to its cluster; create it on the other cluster instead",
+        "name": "tenants' VMs name the image; create an image with the new name instead",
+    }
 
 
 class NodeJoinSetSerializer(InputSerializer):
@@ -697,3 +791,63 @@ class PoolViewSet(FleetViewSet):
         data = self.validated(PoolFloorSerializer, request.data)
         fleet.pool_set_floor(pool=pool, floor_gpus=data["floor_gpus"], actor=request.user)
         return Response(self.read(pool))
+
+
+@writes_schema(
+    read=ImageSerializer,
+    create=ImageCreateSerializer,
+    update=ImageUpdateSerializer,
+    delete="Takes the image out of the catalogue; VMs that run it keep it. Disable it to stop "
+    "offering it instead.",
+)
+@extend_schema_view(
+    list=extend_schema(
+        responses=PolymorphicProxySerializer(
+            component_name="ImageAsSeen",
+            serializers=[ImageSerializer, TenantImageSerializer],
+            resource_type_field_name=None,
+            many=True,
+        )
+    ),
+    retrieve=extend_schema(
+        responses=PolymorphicProxySerializer(
+            component_name="ImageAsSeen",
+            serializers=[ImageSerializer, TenantImageSerializer],
+            resource_type_field_name=None,
+            many=False,
+        )
+    ),
+)
+class ImageViewSet(FleetViewSet):
+    """The image catalogue. Operators see and change every image; a tenant member sees the
+    enabled images of the clusters of the pools their tenants may use (what they may choose
+    when they ask for a VM)."""
+
+    permission_classes = [IsOperatorOrReadOnly]
+    filterset_class = ImageFilter
+    create_serializer_class = ImageCreateSerializer
+    update_serializer_class = ImageUpdateSerializer
+
+    def get_queryset(self):
+        images = Image.objects.select_related("cluster")
+        if self._sees_everything():
+            return images
+        usable = Pool.tenants.through.objects.filter(
+            tenant_id__in=tenant_ids_for(self.request.user)
+        )
+        return images.filter(enabled=True, cluster_id__in=usable.values("pool__cluster_id"))
+
+    def get_serializer_class(self):
+        return ImageSerializer if self._sees_everything() else TenantImageSerializer
+
+    def _sees_everything(self) -> bool:
+        return getattr(self, "swagger_fake_view", False) or is_operator(self.request.user)
+
+    def service_create(self, data):
+        return fleet.image_create(actor=self.request.user, **data)
+
+    def service_update(self, image, data):
+        fleet.image_update(image=image, actor=self.request.user, **data)
+
+    def service_delete(self, image):
+        fleet.image_delete(image=image, actor=self.request.user)

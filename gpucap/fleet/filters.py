@@ -4,7 +4,7 @@ id with the API's ``IdFilter``."""
 import django_filters
 
 from gpucap.api.filters import IdFilter
-from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 
 
 class ClusterFilter(django_filters.FilterSet):
@@ -56,3 +56,12 @@ class PoolFilter(django_filters.FilterSet):
     class Meta:
         model = Pool
         fields = {"kind": ["exact"], "gpu_model": ["exact"], "fabric": ["exact"]}
+
+
+class ImageFilter(django_filters.FilterSet):
+    cluster = IdFilter(field_name="cluster_id", label="Cluster id")
+    pool = IdFilter(field_name="cluster__pools", label="Pool id: the images of its cluster")
+
+    class Meta:
+        model = Image
+        fields = {"name": ["exact"], "enabled": ["exact"]}

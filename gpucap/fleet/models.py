@@ -28,6 +28,12 @@ class GuestSubnetCidr(Func):
     output_field = CharField()
 
 
+# A catalogue image's name (also a plain file name, as the libvirt driver needs) and a login
+# user name as Linux accepts it.
+IMAGE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
+LOGIN_USER_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+
 class Fabric(models.TextChoices):
     PCIE = "pcie", "PCIe"
     NVSWITCH = "nvswitch", "NVSwitch"
@@ -328,3 +334,68 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Image(models.Model):
+    """A guest image of the operator's catalogue, offered on one cluster: tenants pick one by
+    name when they ask for a VM, and each VM disk is a qcow2 overlay on its base image."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="images")
+    name = models.CharField(
+        max_length=64,
+        help_text="What tenants choose, e.g. ubuntu-24.04-cuda-12.6: lowercase letters, digits, "
+        "'.', '_' and '-', starting and ending with a letter or digit.",
+    )
+    base_image = models.CharField(
+        max_length=500,
+        help_text="The base image on the cluster's nodes: an absolute path or a storage volume "
+        "name.",
+    )
+    node_paths = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Per-node overrides of base_image: {hostname: path or volume name}.",
+    )
+    default_user = models.CharField(
+        max_length=32, default="root", help_text="The user the tenant logs in as, e.g. ubuntu."
+    )
+    ports = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="TCP ports a replica image serves; the first is the OpenAI-compatible endpoint.",
+    )
+    health_path = models.CharField(
+        max_length=200,
+        default="/v1/models",
+        help_text="What the router's readiness probe asks a replica for.",
+    )
+    description = models.TextField(blank=True)
+    enabled = models.BooleanField(
+        default=True, help_text="Offered to tenants; a disabled image keeps the VMs it has."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="image_name_unique"),
+            models.CheckConstraint(
+                condition=Q(name__regex=IMAGE_NAME_PATTERN), name="image_name_format"
+            ),
+            models.CheckConstraint(condition=~Q(base_image=""), name="image_base_image_given"),
+            models.CheckConstraint(
+                condition=Q(default_user__regex=LOGIN_USER_PATTERN),
+                name="image_default_user_format",
+            ),
+            models.CheckConstraint(
+                condition=Q(health_path__startswith="/"), name="image_health_path_absolute"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def base_for(self, hostname: str) -> str:
+        """The base image on one node: its override, else the cluster-wide one."""
+        return self.node_paths.get(hostname) or self.base_image

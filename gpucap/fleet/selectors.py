@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
 from gpucap.arbiter.topology import NVLINK_PARTITION_SIZES, default_partitions
-from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 
 STANDALONE = "standalone"
 
@@ -447,3 +447,15 @@ def node_with_gpus(*, cluster: str, hostname: str) -> NodeTile:
     """One node with its cluster, set and GPUs. Two queries; 404 when it does not exist."""
     node = get_object_or_404(_nodes(), cluster__name=cluster, hostname=hostname)
     return node_tiles([node])[0]
+
+
+def images_offered(*, cluster_id: int) -> list[Image]:
+    """The enabled images of a cluster's catalogue, by name: what a tenant may choose for a VM
+    of a pool of that cluster. One query."""
+    return images_offered_on(cluster_ids=[cluster_id])
+
+
+def images_offered_on(*, cluster_ids) -> list[Image]:
+    """The enabled images of these clusters, by cluster name, then image name. One query."""
+    images = Image.objects.filter(cluster_id__in=cluster_ids, enabled=True)
+    return list(images.select_related("cluster").order_by("cluster__name", "name"))

@@ -122,7 +122,11 @@ class VmRequestSerializer(InputSerializer):
     gpu_count = serializers.IntegerField(
         help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition)."
     )
-    image = serializers.CharField(max_length=200, help_text="e.g. ubuntu-24.04-cuda-12.6")
+    image = serializers.CharField(
+        max_length=200,
+        help_text="Name of an enabled image of the pool's cluster (GET /api/images/?pool=<id>), "
+        "e.g. ubuntu-24.04-cuda-12.6.",
+    )
     ssh_public_key = serializers.CharField(help_text="One OpenSSH public key line.")
     user_data = serializers.CharField(
         required=False,

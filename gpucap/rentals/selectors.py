@@ -12,7 +12,7 @@ from django.http import Http404
 
 from gpucap.audit.models import AuditEvent
 from gpucap.audit.selectors import events_for
-from gpucap.fleet.models import Pool
+from gpucap.fleet.models import Image, Pool
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.services import TRANSITIONS
 from gpucap.roles import is_operator, tenant_ids_for
@@ -53,13 +53,6 @@ def vm_visible_to(*, user: AbstractBaseUser, pk: int) -> VirtualMachine:
     return vm
 
 
-def vm_login_user(vm: VirtualMachine) -> str:
-    """The user a tenant logs in to the guest as: the image's default user, which cloud-init
-    gives the tenant's key. "root" until the image catalogue (issue 14, item 4) names each
-    image's default user; then it comes from the VM's image."""
-    return "root"
-
-
 def vm_ssh_command(vm: VirtualMachine) -> str:
     """What the tenant types to log in (``ssh root@10.200.0.18``), while the guest runs and
     has an address; "" otherwise."""
@@ -82,6 +75,23 @@ def requestable_pools(*, tenant: Tenant) -> QuerySet[Pool]:
 
 
 # --- one VM -----------------------------------------------------------------------------------
+
+
+def image_for(vm: VirtualMachine) -> Image | None:
+    """The catalogue image a VM runs: the image of its pool's cluster that it names (enabled or
+    not: a disabled image keeps its VMs), or None when the catalogue no longer has it. One
+    query."""
+    return (
+        Image.objects.filter(cluster__pools=vm.pool_id, name=vm.image)
+        .select_related("cluster")
+        .first()
+    )
+
+
+def vm_login_user(vm: VirtualMachine) -> str:
+    """Who the tenant logs in as: the image's default user, "root" without a catalogue image."""
+    image = image_for(vm)
+    return image.default_user if image is not None else "root"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.drivers.seed import user_data_problem
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Gpu, Node, Pool
+from gpucap.fleet.selectors import images_offered
 from gpucap.fleet.services import capacity_set_bump
 from gpucap.rentals.guest_network import guest_address_release, guest_address_take
 from gpucap.rentals.models import Allocation, GuestAddress, VirtualMachine
@@ -169,8 +170,10 @@ def vm_request(
         .exists()
     ):
         errors["name"] = f"your tenant already has a VM named {name!r}"
-    if not isinstance(image, str) or not image.strip():
-        errors["image"] = "is required (e.g. ubuntu-24.04-cuda-12.6)"
+    if "pool" not in errors:
+        problem = image_problem(pool=pool, image=image)
+        if problem:
+            errors["image"] = problem
     if not isinstance(ssh_public_key, str) or not _SSH_KEY.match(ssh_public_key.strip()):
         errors["ssh_public_key"] = (
             "must be one OpenSSH public key line, e.g. 'ssh-ed25519 AAAA... you@laptop'"
@@ -204,6 +207,26 @@ def vm_request(
     _plan_inputs_changed(vm)
     _demand_changed(pool)
     return vm
+
+
+def image_problem(*, pool: Pool, image: object) -> str:
+    """Why ``image`` is not a choice for a VM of ``pool`` (an enabled image of the catalogue of
+    the pool's cluster), naming the choices; "" when it is."""
+    offered = [offered.name for offered in images_offered(cluster_id=pool.cluster_id)]
+    if not offered:
+        return (
+            f"no image is offered for pool {pool.name} yet; an operator adds images to the "
+            "catalogue of its cluster"
+        )
+    choices = ", ".join(offered)
+    if not isinstance(image, str) or not image.strip():
+        return f"is required; choose one of: {choices}"
+    if image.strip() not in offered:
+        return (
+            f"{image.strip()!r} is not an image offered for pool {pool.name}; "
+            f"choose one of: {choices}"
+        )
+    return ""
 
 
 def _demand_changed(pool: Pool) -> None:

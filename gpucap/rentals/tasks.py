@@ -34,6 +34,7 @@ from gpucap.rentals import services
 from gpucap.rentals.guest_network import guest_network_for
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.reconcile import vm_driver_lock, vms_reconcile
+from gpucap.rentals.selectors import image_for
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,7 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         GpuDevice(index=a.gpu.index, uuid=a.gpu.uuid, pci_address=a.gpu.pci_address)
         for a in allocations
     )
+    image = image_for(vm)
     return VmSpec(
         instance_id=vm.instance_id,
         node=vm.node.hostname,
@@ -189,6 +191,7 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         fabric_partition=vm.node.fabric_partition_id(gpu.index for gpu in gpus),
         network=guest_network_for(vm),
         user_data=vm.user_data,
+        base_image=image.base_for(vm.node.hostname) if image is not None else "",
     )
 
 

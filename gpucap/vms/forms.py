@@ -4,7 +4,8 @@ service's, and its errors land next to the fields they name."""
 
 from django import forms
 
-from gpucap.fleet.models import Fabric, Pool
+from gpucap.fleet.models import Fabric, Image, Pool
+from gpucap.fleet.selectors import images_offered_on
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.selectors import requestable_pools
 from gpucap.tenancy.models import Tenant
@@ -35,9 +36,9 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
         help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition).",
         widget=forms.NumberInput(attrs={"min": 1, "max": 8}),
     )
-    image = forms.CharField(
-        max_length=200,
-        widget=forms.TextInput(attrs={"placeholder": "ubuntu-24.04-cuda-12.6"}),
+    image = forms.ChoiceField(
+        help_text="From the operator's catalogue of the pool's cluster.",
+        error_messages={"invalid_choice": "is not an image offered for your pools"},
     )
     ssh_public_key = forms.CharField(
         label="SSH public key",
@@ -73,6 +74,24 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
         # Read the pools once: the page both asks whether there are any and lists them.
         self.pools = list(pool.queryset)
         pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
+        self.images = images_offered_on(cluster_ids={p.cluster_id for p in self.pools})
+        self.fields["image"].choices = _image_choices(self.images)
+
+
+def _image_choices(images: list[Image]) -> list:
+    """One option per image name (the service checks it against the chosen pool's cluster),
+    grouped by cluster when the tenant's pools span several."""
+    by_cluster: dict[str, list[tuple[str, str]]] = {}
+    for image in images:
+        by_cluster.setdefault(image.cluster.name, []).append((image.name, _image_label(image)))
+    if len(by_cluster) == 1:
+        return next(iter(by_cluster.values()))
+    return [(f"cluster {cluster}", choices) for cluster, choices in by_cluster.items()]
+
+
+def _image_label(image: Image) -> str:
+    about = f" — {image.description}" if image.description else ""
+    return f"{image.name}{about} (log in as {image.default_user})"
 
 
 class VmFilterForm(forms.Form):

@@ -214,6 +214,7 @@ def test_deleting_a_cluster_in_use_is_a_409_naming_what_depends_on_it(operator_a
     assert response.status_code == 409
     assert response.data["error"]["message"] == (
         "cluster east is still used by 2 capacity sets (h100-east, l40s-east), "
+        "2 images (gpucap-model-server, ubuntu-24.04-cuda-12.6), "
         "5 nodes (a100-001, h100-001, h100-002, l40s-001, l40s-002) "
         "and 5 pools (a100-standalone, h100-inference, h100-ondemand, h100-spot, l40s-ondemand); "
         "remove those first"

@@ -571,3 +571,45 @@ def test_manual_placement_refuses_a_node_that_is_not_ready(operator_api, tenant,
     )
     assert response.status_code == 400
     assert "is cordoned; only ready nodes take new VMs" in response.json()["error"]["message"]
+
+
+# --- images from the catalogue ------------------------------------------------------------------
+
+
+def test_a_request_names_an_image_of_the_pools_cluster_or_gets_the_choices(
+    member_api, pools, fleet_east
+):
+    fleet_services.image_create(
+        cluster=fleet_east["cluster"], name="retired", base_image="/img/r.qcow2", enabled=False
+    )
+    for image in ("windows-11", "retired"):
+        response = member_api.post(
+            "/api/vms/", body(pools["a100-standalone"], image=image), format="json"
+        )
+        assert response.status_code == 400, response.content
+        [message] = response.json()["error"]["fields"]["image"]
+        assert "gpucap-model-server, ubuntu-24.04-cuda-12.6" in message
+    assert not VirtualMachine.objects.exists()
+    response = member_api.post(
+        "/api/vms/", body(pools["a100-standalone"], image="ubuntu-24.04-cuda-12.6"), format="json"
+    )
+    assert response.status_code == 201
+    assert response.json()["image"] == "ubuntu-24.04-cuda-12.6"
+
+
+def test_a_cluster_without_images_says_an_operator_adds_them(member_api, pools, fleet_east):
+    for image in fleet_east["images"].values():
+        fleet_services.image_delete(image=image)
+    response = member_api.post("/api/vms/", body(pools["a100-standalone"]), format="json")
+    assert_invalid(response, "image", "an operator adds images to the catalogue of its cluster")
+
+
+def test_a_vm_logs_in_as_its_images_user(tenant, pools, fleet_east):
+    from gpucap.rentals.selectors import image_for, vm_login_user
+
+    vm = request_vm(tenant, pools["a100-standalone"], name="login")
+    assert image_for(vm) == fleet_east["images"][IMAGE]
+    assert vm_login_user(vm) == "ubuntu"
+    fleet_services.image_delete(image=fleet_east["images"][IMAGE])
+    assert image_for(vm) is None
+    assert vm_login_user(vm) == "root"

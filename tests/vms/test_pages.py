@@ -199,8 +199,8 @@ def test_my_vms_runs_a_fixed_number_of_queries(
     member_client, tenant, pools, nodes, django_assert_num_queries
 ):
     running_vm(tenant, pools["a100-standalone"], nodes["a100-001"], [0], name="one", ip="10.0.0.1")
-    # session, user; memberships, tenant; VMs, their GPUs, terminated count; pools.
-    with django_assert_num_queries(8):
+    # session, user; memberships, tenant; VMs, their GPUs, terminated count; pools; images.
+    with django_assert_num_queries(9):
         member_client.get(tenant_vms_url())
     for index in range(1, 8):
         running_vm(
@@ -212,7 +212,7 @@ def test_my_vms_runs_a_fixed_number_of_queries(
             ip=f"10.0.0.{index + 1}",
         )
     request_vm(tenant, pools["h100-spot"], name="waiting", gpu_count=8)
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(9):
         response = member_client.get(tenant_vms_url())
     assert len(response.context["listing"].vms) == 9
 
@@ -626,3 +626,31 @@ def test_a_member_who_left_the_tenant_loses_its_vms(client, tenant, pools):
     assert client.get(detail_url(vm)).status_code == 200
     Membership.objects.filter(user=leaver).delete()
     assert client.get(detail_url(vm)).status_code == 404
+
+
+# --- the image select ---------------------------------------------------------------------------
+
+
+def test_the_request_form_offers_the_catalogues_enabled_images(member_client, tenant, pools):
+    from gpucap.fleet import services as fleet
+
+    fleet.image_create(
+        cluster=pools["a100-standalone"].cluster,
+        name="retired",
+        base_image="/img/retired.qcow2",
+        enabled=False,
+    )
+    page = member_client.get(tenant_vms_url()).content.decode()
+    select = re.search(r'<select name="image"[^>]*>(.*?)</select>', page, re.S)
+    assert select, "the image is chosen from a list"
+    options = re.findall(r'<option value="([^"]*)"', select[1])
+    assert options == ["gpucap-model-server", "ubuntu-24.04-cuda-12.6"]
+    assert "(log in as ubuntu)" in select[1]
+
+
+def test_an_image_not_in_the_catalogue_is_refused_next_to_the_field(member_client, tenant, pools):
+    page = member_client.post(
+        tenant_vms_url(), request_form(pools["a100-standalone"], image="windows-11"), headers=HTMX
+    ).content.decode()
+    assert field_error(page, "image") == "is not an image offered for your pools"
+    assert not VirtualMachine.objects.exists()

@@ -1,5 +1,5 @@
-"""Fleet as code: one YAML file declares tenants, operators, clusters, nodes, capacity sets and
-pools.
+"""Fleet as code: one YAML file declares tenants, operators, clusters, nodes, capacity sets,
+pools and the image catalogue.
 
 - ``fleet_file_load`` reads and validates a file and reports every problem at once, each naming
   the file, the item and the reason (`schema`, `checks`, `problems`);
@@ -23,6 +23,7 @@ from gpucap.fleet.fleetfile.spec import (
     FleetFile,
     FleetFileError,
     GpuSpec,
+    ImageSpec,
     MemberSpec,
     NodeSpec,
     OperatorSpec,
@@ -39,6 +40,7 @@ __all__ = [
     "FleetFile",
     "FleetFileError",
     "GpuSpec",
+    "ImageSpec",
     "MemberSpec",
     "NodeSpec",
     "OperatorSpec",

@@ -16,6 +16,7 @@ from gpucap.fleet.fleetfile.spec import (
     CapacitySetSpec,
     FleetFile,
     FleetFileError,
+    ImageSpec,
     NodeSpec,
     PoolSpec,
 )
@@ -162,6 +163,12 @@ def _pool_set_tenants(*, name: str, slugs: tuple[str, ...], actor: Actor) -> Non
     )
 
 
+def _image_create(*, spec: ImageSpec, actor: Actor) -> None:
+    fleet.image_create(
+        cluster=Cluster.objects.get(name=spec.cluster), name=spec.name, actor=actor, **spec.fields()
+    )
+
+
 def _membership_set(*, username: str, slug: str, role: str, actor: Actor) -> None:
     tenancy.membership_set(
         user=get_user_model().objects.get(username=username),
@@ -198,4 +205,6 @@ _ACTIONS = {
     "pools_rerank": _pools_rerank,
     "pool_set_floor": fleet.pool_set_floor,
     "pool_set_tenants": _pool_set_tenants,
+    "image_create": _image_create,
+    "image_update": fleet.image_update,
 }

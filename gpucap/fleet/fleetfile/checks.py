@@ -13,7 +13,7 @@ from django.core.validators import validate_email
 from gpucap.fleet import rules
 from gpucap.fleet.fleetfile.spec import FORMAT_VERSION
 from gpucap.fleet.fleetfile.words import group_text, line, locate, shown
-from gpucap.fleet.models import MAX_GPUS_PER_NODE, Fabric
+from gpucap.fleet.models import IMAGE_NAME_PATTERN, LOGIN_USER_PATTERN, MAX_GPUS_PER_NODE, Fabric
 
 NOT_BLANK = r"\S"
 SLUG = r"^[-a-zA-Z0-9_]+$"
@@ -21,12 +21,20 @@ USERNAME = r"^[\w.@+-]+$"
 HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"
 PCI_ADDRESS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
 MAX_COUNT = 1000  # nodes declared by one entry
+IMAGE_NAME = IMAGE_NAME_PATTERN
+LOGIN_USER = LOGIN_USER_PATTERN
+HTTP_PATH = r"^/\S*$"
+BASE_IMAGE = r"^[A-Za-z0-9_./:@+-]+$"
 
 # What a value refused by a pattern may contain, in the words of its problem.
 PATTERN_HINTS = {
     SLUG: "letters, digits, - and _",
     USERNAME: "letters, digits, @.+-_",
     PCI_ADDRESS: "like 0000:18:00.0, lower-case hex",
+    IMAGE_NAME: "lowercase letters, digits, . _ and -, e.g. ubuntu-24.04-cuda-12.6",
+    LOGIN_USER: "a login user name, e.g. ubuntu",
+    HTTP_PATH: "an HTTP path starting with /, e.g. /v1/models",
+    BASE_IMAGE: "an absolute path or a volume name, no spaces",
 }
 
 
@@ -118,6 +126,8 @@ class Rules:
             self._capacity_set(("capacity_sets", i))
         for i in range(len(top.items("pools"))):
             self._pool(("pools", i))
+        for i in range(len(top.items("images"))):
+            self._image(("images", i))
         people = [m for t in tenants if self._clean(t[0]) for m in t[1]]
         self._check_users(people + [o for o in operators if self._clean(o)])
 
@@ -386,6 +396,29 @@ class Rules:
                         "standalone nodes it places on",
                         slot=f"{key}:standalone",
                     )
+
+    # the image catalogue
+
+    def _image(self, loc: tuple) -> None:
+        image = self._item(loc)
+        name, cluster = image.get("name"), image.get("cluster")
+        if name and cluster:
+            self._unique(image, "image", "name", name, scope=cluster)
+        node_paths = self._text_keys(image, "node_paths") or {}
+        for host, path in node_paths.items():
+            if not isinstance(path, str) or not re.match(BASE_IMAGE, path):
+                self._add(
+                    image,
+                    ("node_paths", host),
+                    f"must be an absolute path or a volume name, got {shown(path)}",
+                )
+        seen = set()
+        for k, port in enumerate(image.items("ports")):
+            if isinstance(port, int) and not 1 <= port <= 65535:
+                self._add(image, ("ports", k), f"must be a TCP port 1..65535, got {port}")
+            elif port in seen:
+                self._add(image, ("ports", k), f"{port} is listed twice")
+            seen.add(port)
 
 
 def _raw_at(raw: object, loc: tuple) -> object:

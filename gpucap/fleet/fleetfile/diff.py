@@ -1,5 +1,6 @@
 """Comparing a fleet file with the database (``fleet_file_apply`` runs the result)."""
 
+import json
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -17,9 +18,15 @@ from gpucap.fleet.fleetfile.spec import (
     TenantSpec,
 )
 from gpucap.fleet.fleetfile.words import compact, fixed_field
-from gpucap.fleet.models import CapacitySet, Cluster, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Image, Node, Pool
 from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy.models import Membership, Tenant
+
+
+def _shown(value: object) -> str:
+    """An image field's value in a change line: true/false, a port list, text as it is."""
+    return compact(value) if not isinstance(value, bool | str) else json.dumps(value)
+
 
 # The order steps run in. Floors come down before nodes leave sets and go up after nodes join
 # them; nodes join a set before others leave it; pools are created before they are re-ranked.
@@ -39,6 +46,7 @@ PHASES = (
     "ranks",
     "floors_up",
     "pool_tenants",
+    "images",  # after the nodes: an image's per-node paths name them
 )
 
 
@@ -93,6 +101,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
                 "tenants"
             )
         }
+        self.images = {(i.cluster.name, i.name): i for i in Image.objects.select_related("cluster")}
 
     # bookkeeping
 
@@ -114,6 +123,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self._plan_nodes()
         self._plan_pools()
         self._check_floors()
+        self._plan_images()
 
     def result(self, *, dry_run: bool) -> ApplyResult:
         return ApplyResult(
@@ -300,6 +310,42 @@ class FleetDiff(NodesDiff, PoolsDiff):
                 notice_seconds=spec.notice_seconds,
             )
 
+    # the image catalogue
+
+    def _plan_images(self) -> None:
+        for spec in self.file.images:
+            label = f"{spec.cluster}/{spec.name}"
+            if not self._cluster_known(spec.cluster):
+                self._problem(
+                    spec.where,
+                    f"cluster: no cluster named {spec.cluster} in the file or the database",
+                )
+                continue
+            hosts = {h for c, h in self.nodes if c == spec.cluster}
+            hosts |= {n.hostname for n in self.file.nodes if n.cluster == spec.cluster}
+            for host in sorted(set(spec.node_paths) - hosts):
+                self._problem(
+                    spec.where,
+                    f"node_paths: {host} is not a node of cluster {spec.cluster} in the file or "
+                    "the database",
+                )
+            image = self.images.get((spec.cluster, spec.name))
+            wanted = spec.fields()
+            if image is None:
+                self._change("create", "image", label, f"base {spec.base_image}")
+                self._step("images", spec.where, "image_create", spec=spec)
+                continue
+            details = [
+                f"{field} {_shown(getattr(image, field))} -> {_shown(value)}"
+                for field, value in wanted.items()
+                if getattr(image, field) != value
+            ]
+            if not details:
+                self.unchanged += 1
+                continue
+            self._change("update", "image", label, details)
+            self._step("images", spec.where, "image_update", image=image, **wanted)
+
     # what the database holds beyond the file
 
     def _left_as_is(self) -> list[tuple[str, list[str]]]:
@@ -314,4 +360,11 @@ class FleetDiff(NodesDiff, PoolsDiff):
             ("capacity set", sorted(set(self.sets) - {s.name for s in f.capacity_sets})),
             ("node", sorted(f"{c}/{h}" for c, h in set(self.nodes) - node_keys)),
             ("pool", sorted(set(self.pools) - {p.name for p in f.pools})),
+            (
+                "image",
+                sorted(
+                    f"{c}/{n}"
+                    for c, n in set(self.images) - {(i.cluster, i.name) for i in f.images}
+                ),
+            ),
         ]

@@ -6,7 +6,7 @@ from django.db.models import Prefetch
 
 from gpucap.fleet import services as fleet
 from gpucap.fleet.fleetfile.spec import FORMAT_VERSION
-from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Node, Pool
+from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.roles import OPERATORS_GROUP
 from gpucap.tenancy.models import Membership, Tenant
 
@@ -27,6 +27,7 @@ def fleet_file_export() -> str:
         "clusters": _export_clusters(),
         "capacity_sets": _export_capacity_sets(),
         "pools": _export_pools(),
+        "images": _export_images(),
     }
     body = yaml.dump(
         document,
@@ -169,6 +170,27 @@ def _export_pools() -> list:
         slugs = [t.slug for t in pool.tenants.all()]
         if slugs:
             entry["tenants"] = _flow(slugs)
+        exported.append(entry)
+    return exported
+
+
+def _export_images() -> list:
+    exported = []
+    for image in Image.objects.select_related("cluster").order_by("cluster__name", "name"):
+        entry: dict = {
+            "name": image.name,
+            "cluster": image.cluster.name,
+            "base_image": image.base_image,
+        }
+        if image.node_paths:
+            entry["node_paths"] = _sorted_json(image.node_paths)
+        entry["default_user"] = image.default_user
+        if image.ports:
+            entry["ports"] = _flow(list(image.ports))
+        entry["health_path"] = image.health_path
+        if image.description:
+            entry["description"] = image.description
+        entry["enabled"] = image.enabled
         exported.append(entry)
     return exported
 

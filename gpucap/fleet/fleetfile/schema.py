@@ -27,6 +27,7 @@ from gpucap.fleet.fleetfile.spec import (
     FleetFile,
     FleetFileError,
     GpuSpec,
+    ImageSpec,
     MemberSpec,
     NodeSpec,
     OperatorSpec,
@@ -238,6 +239,25 @@ class PoolEntry(Entry):
     tenants: list = []  # tenant slugs
 
 
+class ImageEntry(Entry):
+    """One image of a cluster's catalogue (what tenants choose when they ask for a VM)."""
+
+    label_key = "name"
+    report_order = (
+        *("name", "cluster", "base_image", "node_paths", "default_user", "ports"),
+        *("health_path", "description", "enabled", "name:twice"),
+    )
+    name: _text(64, checks.IMAGE_NAME)
+    cluster: Slug
+    base_image: _text(500, checks.BASE_IMAGE)
+    node_paths: dict | None = None  # hostname -> base image on that node
+    default_user: _text(32, checks.LOGIN_USER) = "root"
+    ports: list[int] = []  # 1..65535 each: checked with the rules (`checks`)
+    health_path: _text(200, checks.HTTP_PATH) = "/v1/models"
+    description: Annotated[str, StringConstraints(max_length=2000)] = ""
+    enabled: bool = True
+
+
 class Document(Entry):
     version: int = FORMAT_VERSION
     tenants: list[TenantEntry] = []
@@ -245,6 +265,7 @@ class Document(Entry):
     clusters: list[ClusterEntry] = []
     capacity_sets: list[CapacitySetEntry] = []
     pools: list[PoolEntry] = []
+    images: list[ImageEntry] = []
 
 
 # --- specs --------------------------------------------------------------------------------------
@@ -319,8 +340,24 @@ def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
         )
         for i, p in enumerate(document.pools)
     )
+    images = tuple(
+        ImageSpec(
+            where=where("images", i),
+            name=m.name,
+            cluster=m.cluster,
+            base_image=m.base_image,
+            node_paths=m.node_paths or {},
+            default_user=m.default_user,
+            ports=tuple(m.ports),
+            health_path=m.health_path,
+            description=m.description,
+            enabled=m.enabled,
+        )
+        for i, m in enumerate(document.images)
+    )
     return FleetFile(
         source=source,
+        images=images,
         tenants=tenants,
         operators=operators,
         clusters=clusters,

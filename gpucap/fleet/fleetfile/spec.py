@@ -103,6 +103,32 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    where: str
+    name: str
+    cluster: str
+    base_image: str
+    node_paths: dict
+    default_user: str
+    ports: tuple[int, ...]
+    health_path: str
+    description: str
+    enabled: bool
+
+    def fields(self) -> dict:
+        """What ``image_create`` / ``image_update`` take besides the cluster and name."""
+        return {
+            "base_image": self.base_image,
+            "node_paths": dict(self.node_paths),
+            "default_user": self.default_user,
+            "ports": list(self.ports),
+            "health_path": self.health_path,
+            "description": self.description,
+            "enabled": self.enabled,
+        }
+
+
+@dataclass(frozen=True)
 class FleetFile:
     source: str
     tenants: tuple[TenantSpec, ...] = ()
@@ -111,6 +137,7 @@ class FleetFile:
     nodes: tuple[NodeSpec, ...] = ()
     capacity_sets: tuple[CapacitySetSpec, ...] = ()
     pools: tuple[PoolSpec, ...] = ()
+    images: tuple[ImageSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +152,17 @@ class Change:
         return f"{verb} {self.noun} {self.label}: {self.detail}"
 
 
-_NOUNS = ("tenant", "user", "membership", "operator", "cluster", "capacity set", "node", "pool")
+_NOUNS = (
+    "tenant",
+    "user",
+    "membership",
+    "operator",
+    "cluster",
+    "capacity set",
+    "node",
+    "pool",
+    "image",
+)
 
 
 @dataclass(frozen=True)

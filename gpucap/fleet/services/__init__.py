@@ -23,6 +23,7 @@ from gpucap.fleet.services.fabric import (
     node_set_fabric_partitions,
     node_set_module_ids,
 )
+from gpucap.fleet.services.images import image_create, image_delete, image_update
 from gpucap.fleet.services.nodes import (
     generated_gpu,
     gpu_set_health,
@@ -58,6 +59,9 @@ __all__ = [
     "generated_gpu",
     "gpu_set_health",
     "gpu_set_module_id",
+    "image_create",
+    "image_delete",
+    "image_update",
     "node_cordon",
     "node_create",
     "node_delete",
