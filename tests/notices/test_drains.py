@@ -41,7 +41,7 @@ def replica_on(fleet_east, tenant, node: str, gpus: tuple[int, ...], name: str):
         pool=pool,
         name=name,
         gpu_count=len(gpus),
-        image="vllm-0.6",
+        image="gpucap-model-server",
         ssh_public_key=SSH_KEY,
         role=VirtualMachine.Role.INFERENCE_REPLICA,
         deployment=deployment,
