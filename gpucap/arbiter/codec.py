@@ -122,16 +122,20 @@ def snapshot_to_dict(snapshot: Snapshot) -> dict:
         for d in snapshot.deployments
     ]
     data["vms"] = [_vm_to_dict(vm) for vm in snapshot.vms]
-    data["demands"] = [
-        {
-            "id": d.id,
-            "group": d.group,
-            "pool": d.pool,
-            "gpus": d.gpus,
-            "requested_at": format_time(d.requested_at),
-        }
-        for d in snapshot.demands
-    ]
+    data["demands"] = [_demand_to_dict(d) for d in snapshot.demands]
+    return data
+
+
+def _demand_to_dict(demand: Demand) -> dict:
+    data = {
+        "id": demand.id,
+        "group": demand.group,
+        "pool": demand.pool,
+        "gpus": demand.gpus,
+        "requested_at": format_time(demand.requested_at),
+    }
+    if demand.disk_node is not None:
+        data["disk_node"] = demand.disk_node
     return data
 
 
@@ -228,7 +232,7 @@ _NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
 _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ())
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
 _VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "state", "tenant"))
-_DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ())
+_DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
 
 
 def _show(value: object) -> str:
@@ -411,9 +415,17 @@ class _Reader:
         requested_at = self.time(
             item.get("requested_at"), label, "requested_at", "requested_at" in item
         )
+        disk_node = self.text(item, label, "disk_node", optional=True)
         if None in (demand_id, group, pool, gpus, requested_at):
             return None
-        return Demand(id=demand_id, group=group, pool=pool, gpus=gpus, requested_at=requested_at)
+        return Demand(
+            id=demand_id,
+            group=group,
+            pool=pool,
+            gpus=gpus,
+            requested_at=requested_at,
+            disk_node=disk_node,
+        )
 
     def text(self, item: dict, label: str, key: str, *, optional: bool = False) -> str | None:
         value = item.get(key)

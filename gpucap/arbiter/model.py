@@ -15,6 +15,11 @@ file is read unchanged):
   held GPUs or its deployment's replicas, since it is leaving.
 - VM ``"tenant"``: any string, passed through to the VM's preemption as ``"tenant"`` so the
   operator preview can say whose VM gets a notice.
+- demand ``"disk_node"``: the node that still holds the disk of a VM waiting to resume (a
+  reclaimed spot VM keeps its disk there). Once the plan is made, a placement of that demand on
+  free capacity moves to that node when it has an equally good free partition: a preference
+  below every rule of DESIGN.md section 3, so it never changes who is served, who is preempted
+  or how well the free capacity is packed (see ``planner._Planner._prefer_disks``).
 
 Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
 placements and subtract its preemptions (``after_gpus``).
@@ -84,6 +89,7 @@ class Demand:
     pool: str
     gpus: int
     requested_at: datetime
+    disk_node: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,12 @@ its placements are tentative until the last demand fits, and are rolled back oth
    name, then the sorted victim ids, then the partition's place in the table. Among all legal
    (node, partition) pairs the planner takes the true minimum of this order.
 
+4. Disks, once every group is served (`_Planner._prefer_disks`): a placement on free capacity
+   whose demand names the node that holds its disk (``disk_node``, a reclaimed spot VM
+   waiting to resume) moves there when that node has a partition of the same size that the
+   plan leaves free, that was free before it, and that fits at least as well. Being last, it
+   is below every rule: it changes where such a VM lands, never who is served or preempted.
+
 Indexes keep this fast on fleets of thousands of nodes. Per block size there is a heap of each
 node's best-fit free partition, and (built the first time a demand of that size needs a reclaim)
 an index of reclaims keyed by the cost above (`_Reclaims`). A node's entries are recomputed only
@@ -171,17 +177,26 @@ class _Table:
             is_free[index] = True
         best: dict[int, tuple[tuple[int, ...], int]] = {}
         for index in free:
-            broken = [0] * 8
-            for other in self.overlaps[index]:
-                if is_free[other]:
-                    broken[FIT_SLOT[self.sizes[other]]] += 1
-                elif not masks[other] & fixed:
-                    broken[4 + FIT_SLOT[self.sizes[other]]] += 1
-            key = (tuple(broken), index)
+            key = (self._broken(index, is_free, fixed), index)
             size = self.sizes[index]
             if size not in best or key < best[size]:
                 best[size] = key
         return tuple((size, key, index) for size, (key, index) in sorted(best.items()))
+
+    def fit_key(self, busy: int, fixed: int, index: int) -> tuple[int, ...]:
+        """The best-fit key (see `_best_fits`, without the block's place) of taking free block
+        ``index`` when ``busy`` and ``fixed`` are the node's GPUs."""
+        is_free = [not mask & busy for mask in self.masks]
+        return self._broken(index, is_free, fixed)
+
+    def _broken(self, index: int, is_free: list[bool], fixed: int) -> tuple[int, ...]:
+        broken = [0] * 8
+        for other in self.overlaps[index]:
+            if is_free[other]:
+                broken[FIT_SLOT[self.sizes[other]]] += 1
+            elif not self.masks[other] & fixed:
+                broken[4 + FIT_SLOT[self.sizes[other]]] += 1
+        return tuple(broken)
 
 
 class _Vm:
@@ -511,6 +526,7 @@ class _Planner:
                 continue
             self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
         self.held_before = list(self.held)
+        self.busy_before = list(self.busy)
 
     def _build_free_heaps(self) -> None:
         heaps: dict[int, list] = {}
@@ -568,7 +584,59 @@ class _Planner:
         for group, demands in order:
             demands.sort(key=lambda d: (-d.gpus, d.requested_at, d.id))
             self._serve(group, demands)
+        self._prefer_disks()
         return self._result()
+
+    def _prefer_disks(self) -> None:
+        """Move placements on free capacity to the node that holds their demand's disk
+        (``disk_node``: a reclaimed spot VM waiting to resume), where it has a partition of the
+        same size that the finished plan leaves free, was free before the plan (no victim's
+        GPUs) and fits at least as well as the placement's own (best-fit key, judged on the
+        finished plan). The VM then resumes on its own disk instead of a fresh one.
+
+        It runs after every group is served, so it is a preference below every rule: who is
+        served, who is preempted, and every pool's balance are exactly the plan's; only where
+        a VM that preempts nobody lands changes, and the free capacity left is packed as well."""
+        disks = {d.id: d.disk_node for d in self.demands if d.disk_node is not None}
+        for position, placement in enumerate(self.placements):
+            disk = self.node_position.get(disks.get(placement.demand, ""))
+            if disk is None or placement.preempts or not self.ready[disk]:
+                continue
+            node = self.node_position[placement.node]
+            if node == disk:
+                continue
+            table = self.tables[node]
+            block = table.blocks.index(placement.gpus)
+            mask = table.masks[block]
+            busy, fixed = self.busy[node] & ~mask, self.fixed[node] & ~mask
+            target = self._disk_block(disk, len(placement.gpus), table.fit_key(busy, fixed, block))
+            if target is None:
+                continue
+            self.busy[node], self.fixed[node] = busy, fixed
+            self.placed[node] &= ~mask
+            disk_table = self.tables[disk]
+            taken = disk_table.masks[target]
+            self.busy[disk] |= taken
+            self.fixed[disk] |= taken
+            self.placed[disk] |= taken
+            self.placements[position] = Placement(
+                demand=placement.demand, node=self.node_names[disk], gpus=disk_table.blocks[target]
+            )
+
+    def _disk_block(self, disk: int, size: int, fit: tuple[int, ...]) -> int | None:
+        """The best-fitting partition of ``size`` on node ``disk`` that is free now and was free
+        before the plan, if it fits at least as well as ``fit``."""
+        table = self.tables[disk]
+        unusable = self.busy[disk] | self.busy_before[disk]
+        keys = [
+            (table.fit_key(self.busy[disk], self.fixed[disk], block), block)
+            for block in table.by_size.get(size, ())
+            if not table.masks[block] & unusable
+        ]
+        if not keys:
+            return None
+        key, block = min(keys)
+        return block if key <= fit else None
 
     def _serve(self, group: str, demands: list[Demand]) -> None:
         if all(self._place_free(demand) for demand in demands):

@@ -81,7 +81,7 @@ def check_snapshot(
     vm_ids = _check_vms(
         vms, fabric, node_by_name, pool_by_name, deployment_by_name, unreadable, problems
     )
-    _check_demands(demands, fabric, pool_by_name, vm_ids, unreadable, problems)
+    _check_demands(demands, fabric, pool_by_name, node_by_name, vm_ids, unreadable, problems)
     return [one_line(problem) for problem in problems]
 
 
@@ -305,6 +305,7 @@ def _check_demands(
     demands: Labelled,
     fabric: str,
     pool_by_name: dict[str, Pool],
+    node_by_name: dict,
     vm_ids: set[str],
     unreadable: dict[str, set[str]],
     problems: list[str],
@@ -326,3 +327,9 @@ def _check_demands(
         size_problem = gpu_count_problem(fabric, demand.gpus)
         if size_problem:
             problems.append(f"{label}: gpus: {size_problem}")
+        if (
+            demand.disk_node is not None
+            and demand.disk_node not in node_by_name
+            and demand.disk_node not in unreadable.get("nodes", ())
+        ):
+            problems.append(f"{label}: disk_node {demand.disk_node} is not a node of the snapshot")
