@@ -1,4 +1,4 @@
-"""The fleet's one event: ``capacity_set_changed``, sent by ``capacity_set_bump`` whenever
+"""The fleet's events. ``capacity_set_changed``, sent by ``capacity_set_bump`` whenever
 something a capacity set's plan depends on changed (its generation was bumped): a node cordoned
 or joining, a pool re-ranked or its floor moved, a VM's demand or capacity (through the plans
 app's own receiver of the VM lifecycle). Sent inside the transaction that made the change.
@@ -11,3 +11,9 @@ import it; plans subscribes in its ``AppConfig.ready()`` and asks for a prompt, 
 from django.dispatch import Signal
 
 capacity_set_changed = Signal()
+
+# An operator marked a node down (``node_set_state``): what ran there is lost with it. Rentals
+# (``gpucap/rentals/receivers.py``) sends each VM holding GPUs there back to pending (spot) or
+# to failed (the rest), releasing its GPUs. Sent inside the transaction that changed the
+# node's state. Arguments: ``node_id``, ``hostname``, ``message`` (the operator's words, or "").
+node_went_down = Signal()

@@ -20,13 +20,14 @@ What goes in:
 - inference deployments of the pools with their ``min_replicas`` (no preemption takes one
   below it), and each replica VM naming its deployment;
 - pending VMs as demands, one group each (the replicas of one inference scale-up step share
-  theirs), except VMs whose placement is under way: their GPUs are reserved for them instead,
-  so they get no second round of victims and no second placement. A placement is under way
-  while its victims are still leaving (their GPUs and the free rest of the block), and, in a
-  capacity set, for as long as an applied plan's placement of the VM waits to be completed
-  (the plan's block). A tick completes waiting placements before it plans, in a transaction of
-  its own, so the last victim may go off between the two; the plan made then must neither
-  place the VM a second time nor give its block to anyone else.
+  theirs), each naming the node that still holds its disk, if any (``disk_node``: the arbiter
+  prefers it when it fits as well), except VMs whose placement is under way: their GPUs are
+  reserved for them instead, so they get no second round of victims and no second placement.
+  A placement is under way while its victims are still leaving (their GPUs and the free rest
+  of the block), and, in a capacity set, for as long as an applied plan's placement of the VM
+  waits to be completed (the plan's block). A tick completes waiting placements before it
+  plans, in a transaction of its own, so the last victim may go off between the two; the plan
+  made then must neither place the VM a second time nor give its block to anyone else.
 
 Loading is a fixed number of queries whatever the fleet's size (`LiveCapacity.load`).
 """
@@ -191,7 +192,7 @@ class LiveCapacity:
             nodes=nodes.snapshot_nodes(),
             pools=tuple(sorted(snapshot_pools, key=lambda pool: pool.rank)),
             vms=tuple(vms),
-            demands=(*self._demands(pools), *extra_demands),
+            demands=(*self._demands(pools, nodes), *extra_demands),
             deployments=tuple(
                 am.Deployment(
                     name=deployment.slug,
@@ -307,7 +308,7 @@ class LiveCapacity:
             for n, piece in enumerate(pieces, start=1)
         ]
 
-    def _demands(self, pools: dict[int, Pool]) -> Iterable[am.Demand]:
+    def _demands(self, pools: dict[int, Pool], nodes: ClassNodes) -> Iterable[am.Demand]:
         for vm in self.pending:
             if vm.pool_id not in pools:
                 continue
@@ -325,6 +326,12 @@ class LiveCapacity:
                 pool=vm.pool.name,
                 gpus=vm.gpu_count,
                 requested_at=vm.requested_at,
+                # Where its disk waits (a reclaimed spot VM): placement prefers that node.
+                disk_node=(
+                    nodes.nodes[vm.disk_node_id].hostname
+                    if vm.disk_node_id in nodes.nodes
+                    else None
+                ),
             )
 
 

@@ -156,6 +156,15 @@ class VirtualMachine(models.Model):
         """The id guests and APIs show, e.g. ``vm-42``."""
         return f"vm-{self.pk}"
 
+    @property
+    def disk_node_id(self) -> int | None:
+        """The node that keeps this VM's disk while it waits to run again (a reclaimed spot VM
+        back in ``pending``, a VM its owner stopped): the node it last ran on, unless it failed
+        or lost its host there (``failure_reason`` says which, until it is placed again)."""
+        if self.state not in (self.State.PENDING, self.State.STOPPED) or self.failure_reason:
+            return None
+        return self.node_id
+
 
 class Allocation(models.Model):
     """A VM holding one GPU, from ``created_at`` until ``released_at``."""

@@ -9,7 +9,8 @@ repairs the drift it finds, logging each repair and recording it in the audit lo
 - provisioning for longer than the boot timeout, or the driver says failed → mark it failed;
 - stopping, the driver says stopped or has no such VM → mark it stopped;
 - stopping, still up after a grace period → send ``vm_stop`` again;
-- running or notified, the driver has no such VM → mark it failed;
+- running or notified, the driver has no such VM → its host was lost (``vm_host_lost``): a
+  spot VM goes back to pending to resume elsewhere on a fresh disk, any other VM is failed;
 - running, the guest shut itself down → stop it as its owner would;
 - notified, the guest shut itself down before its deadline → say so (``guest_shut_down_early``):
   notices releases its GPUs now and completes the notice as ``guest_shutdown``;
@@ -145,7 +146,7 @@ def _repair(
             return _apply(vm, status, "sent rentals.vm_provision again", _resend("provision"))
     elif vm.state in (State.RUNNING, State.NOTIFIED):
         if driver_state == MISSING:
-            return _apply(vm, status, "marked failed", _mark_failed(LOST_BY_HYPERVISOR))
+            return _apply(vm, status, "its host was lost", _host_lost)
         if driver_state == FAILED:
             reason = status.message or "the hypervisor reports the VM failed"
             return _apply(vm, status, "marked failed", _mark_failed(reason, destroy=True))
@@ -191,6 +192,10 @@ def _mark_failed(reason: str, *, destroy: bool = False):
             enqueue_on_commit("rentals.vm_destroy", vm.pk)
 
     return act
+
+
+def _host_lost(vm: VirtualMachine, status: VmStatus) -> None:
+    services.vm_host_lost(vm=vm, reason=LOST_BY_HYPERVISOR)
 
 
 def _mark_stopped(vm: VirtualMachine, status: VmStatus) -> None:

@@ -14,7 +14,7 @@ from gpucap.audit.models import AuditEvent
 from gpucap.audit.selectors import events_for
 from gpucap.fleet.models import Image, Pool
 from gpucap.rentals.models import Allocation, VirtualMachine
-from gpucap.rentals.services import TRANSITIONS
+from gpucap.rentals.services import HOLDING, TRANSITIONS
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Membership, Tenant
 
@@ -114,8 +114,9 @@ def vm_actions(vm: VirtualMachine) -> VmActions:
     legal = TRANSITIONS[vm.state]
     return VmActions(
         stop=State.STOPPING in legal,
-        # A stopping VM may go back to pending, but only as a preempted spot VM resuming.
-        start=State.PENDING in legal and vm.state != State.STOPPING,
+        # A VM holding GPUs may go back to pending only as a spot VM resuming (preempted,
+        # reclaimed or its host lost), never by its owner's hand.
+        start=State.PENDING in legal and vm.state not in HOLDING,
         terminate=vm.state != State.TERMINATED
         and vm.stop_reason != VirtualMachine.StopReason.TERMINATE,
     )

@@ -30,9 +30,10 @@ StopReason = VirtualMachine.StopReason
 # Legal moves (DESIGN.md section 4). Anything else is an error, never a silent change.
 TRANSITIONS: dict[str, frozenset[str]] = {
     State.PENDING: frozenset({State.PROVISIONING, State.TERMINATED, State.FAILED}),
-    State.PROVISIONING: frozenset({State.RUNNING, State.STOPPING, State.FAILED}),
-    State.RUNNING: frozenset({State.NOTIFIED, State.STOPPING, State.FAILED}),
-    State.NOTIFIED: frozenset({State.STOPPING, State.FAILED}),
+    # -> pending from a state that holds GPUs: a spot VM whose host was lost (vm_host_lost).
+    State.PROVISIONING: frozenset({State.RUNNING, State.STOPPING, State.FAILED, State.PENDING}),
+    State.RUNNING: frozenset({State.NOTIFIED, State.STOPPING, State.FAILED, State.PENDING}),
+    State.NOTIFIED: frozenset({State.STOPPING, State.FAILED, State.PENDING}),
     State.STOPPING: frozenset({State.STOPPED, State.PENDING, State.TERMINATED, State.FAILED}),
     State.STOPPED: frozenset({State.PENDING, State.TERMINATED}),
     State.FAILED: frozenset({State.PENDING, State.TERMINATED}),
@@ -269,6 +270,7 @@ def vm_place(
         ) from None
     guest = guest_address_take(vm=vm, node=node)
     left = vm.node_id if vm.node_id not in (None, node.pk) else None
+    message = "; ".join(words for words in (message, _resume_words(vm, node)) if words)
     # Its usage interval opens with the move (a receiver of vm_transitioned). An address from
     # an earlier placement is no longer the guest's: the metadata endpoint must not serve it.
     placed = vm_transition(
@@ -286,6 +288,18 @@ def vm_place(
         # definition and disk, which would hold that node's storage forever.
         enqueue_on_commit("rentals.vm_destroy_left", placed.pk, left)
     return placed
+
+
+def _resume_words(vm: VirtualMachine, node: Node) -> str:
+    """What a placement means for the disk of a VM that ran before (a reclaimed spot VM, a VM
+    its owner stopped or that lost its host): back on the node that kept its disk, or a fresh
+    overlay on its image elsewhere (the old disk is deleted by ``rentals.vm_destroy_left``).
+    "" for a VM placed for the first time."""
+    if vm.node_id is None:
+        return ""
+    if vm.disk_node_id == node.pk:
+        return f"resumed on its disk on {node.hostname}"
+    return f"resumed on a fresh disk from {vm.image}"
 
 
 def _placement_problem(*, vm: VirtualMachine, node: Node, indices: list[int]) -> dict:
@@ -391,6 +405,11 @@ def _stop(
 def vm_start(*, vm: VirtualMachine, actor: Actor = None) -> VirtualMachine:
     """The owner starts a stopped VM: it asks for capacity again."""
     _owner_may_act(vm)
+    locked = VirtualMachine.objects.select_for_update(no_key=True).get(pk=vm.pk)
+    if locked.state in HOLDING:
+        # Only a spot VM that lost its host or was stopped for capacity goes back to pending
+        # from here, never by its owner's hand.
+        raise IllegalTransition(locked, State.PENDING)
     started = vm_transition(vm=vm, to=State.PENDING, actor=actor)
     _demand_changed(started.pool)
     return started
@@ -486,3 +505,41 @@ def vm_mark_failed(*, vm: VirtualMachine, reason: str) -> VirtualMachine:
     )
     _demand_changed(failed.pool)
     return failed
+
+
+@transaction.atomic
+def vm_host_lost(*, vm: VirtualMachine, reason: str) -> VirtualMachine:
+    """The VM's host is gone (the hypervisor no longer knows a running VM, or an operator marked
+    its node down): its GPUs are released at once and its disk is lost with the host. A spot
+    rental goes back to ``pending`` and resumes elsewhere on a fresh disk (a persistent spot
+    request); any other VM is ``failed``. ``failure_reason`` says why in both cases (on a
+    pending spot VM until it is placed again), for the owner and the operator. A VM being
+    terminated ends terminated. Harmless twice: a VM that holds no GPUs is left as it is."""
+    locked = (
+        VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("pool", "node")
+        .get(pk=vm.pk)
+    )
+    if locked.state not in HOLDING:
+        return locked
+    where = f"its host {locked.node.hostname} was lost: {reason}"[:2000]
+    if locked.state == State.STOPPING and locked.stop_reason == StopReason.TERMINATE:
+        done = vm_transition(vm=locked, to=State.TERMINATED, message=where[:500])
+    elif locked.role == VirtualMachine.Role.RENTAL and locked.pool.kind == Pool.Kind.SPOT:
+        done = vm_transition(
+            vm=locked,
+            to=State.PENDING,
+            failure_reason=where,
+            message=f"{where}; its GPUs are released and it resumes elsewhere on a fresh disk "
+            f"from {locked.image}"[:1000],
+        )
+    else:
+        done = vm_transition(vm=locked, to=State.FAILED, failure_reason=where, message=where[:500])
+    _demand_changed(done.pool)
+    return done
+
+
+def vms_host_lost(*, node_id: int, reason: str) -> list[VirtualMachine]:
+    """Every VM holding GPUs on a node that was lost, through ``vm_host_lost``."""
+    holding = VirtualMachine.objects.filter(node_id=node_id, state__in=HOLDING).order_by("pk")
+    return [vm_host_lost(vm=vm, reason=reason) for vm in holding]

@@ -147,3 +147,18 @@ def test_planning_takes_the_same_queries_for_two_victims_or_four(
 
     assert (two, four) == (2, 4)
     assert queries_for_two == queries_for_four
+
+
+def test_a_reclaimed_spot_vm_tells_the_arbiter_where_its_disk_is(h100, fleet_east, tenant):
+    pool, nodes = fleet_east["pools"]["h100-spot"], fleet_east["nodes"]
+    kept = running_vm(tenant, pool, nodes["h100-002"], [0, 2], name="kept", ip="10.9.0.1")
+    lost = running_vm(tenant, pool, nodes["h100-001"], [0], name="lost", ip="10.9.0.2")
+    rentals.vm_stop_for_notice(vm=kept)
+    rentals.vm_mark_stopped(vm=kept)
+    rentals.vm_host_lost(vm=lost, reason="the hypervisor no longer knows this VM")
+    new = request_vm(tenant, pool, name="new", gpu_count=1)
+
+    demands = {d.id: d.disk_node for d in capacity_set_snapshot(h100).snapshot.demands}
+
+    # The disk of a VM whose host was lost went with it; a new VM has none yet.
+    assert demands == {kept.instance_id: "h100-002", lost.instance_id: None, new.instance_id: None}

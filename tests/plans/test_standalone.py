@@ -499,3 +499,63 @@ def test_standalone_place_task_calls_the_placement(monkeypatch, db):
     plan_tasks.standalone_place.apply(args=[7])
 
     assert placed == [7]
+
+
+# --- disks kept for resuming spot VMs -----------------------------------------------------------
+
+
+def reclaimed(vm: VirtualMachine) -> VirtualMachine:
+    """A running spot VM stopped for capacity and off: back in pending, its disk kept."""
+    services.vm_stop_for_notice(vm=vm)
+    return services.vm_mark_stopped(vm=fresh(vm))
+
+
+def placement_message(vm: VirtualMachine) -> str:
+    return (
+        AuditEvent.objects.filter(verb="vm.provisioning", object_id=str(vm.pk)).latest("pk").message
+    )
+
+
+def test_a_reclaimed_spot_vm_resumes_on_the_node_that_kept_its_disk(
+    east, sent_tasks, django_capture_on_commit_callbacks
+):
+    vm = reclaimed(east.running("a100-spot", "a100-002", [0]))
+    assert (fresh(vm).state, fresh(vm).disk_node_id) == (State.PENDING, east.nodes["a100-002"].pk)
+    # Both boards are empty and fit a 1-GPU VM equally well; by name a100-001 would come first.
+    sent_tasks.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        result = east.place()
+
+    assert [p.vm_id for p in result.placed] == [vm.pk]
+    assert held(vm) == ("a100-002", (0,))
+    assert placement_message(vm).endswith("resumed on its disk on a100-002")
+    assert not [task for task in sent_tasks if task[0] == "rentals.vm_destroy_left"]
+
+
+def test_a_spot_vm_whose_disk_node_is_busy_resumes_elsewhere_on_a_fresh_disk(
+    east, sent_tasks, django_capture_on_commit_callbacks
+):
+    vm = reclaimed(east.running("a100-spot", "a100-002", [0]))
+    east.running("a100-standalone", "a100-002", list(range(8)))  # its node fills up meanwhile
+    sent_tasks.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        east.place()
+
+    assert held(vm) == ("a100-001", (0,))
+    assert placement_message(vm).endswith("resumed on a fresh disk from ubuntu-24.04-cuda-12.6")
+    # The disk it left behind is deleted.
+    assert ("rentals.vm_destroy_left", [vm.pk, east.nodes["a100-002"].pk]) in sent_tasks
+
+
+def test_the_disk_preference_never_takes_a_better_fit_from_packing(east):
+    # a100-001 has one GPU left; taking it breaks no free partition, while a GPU of a100-002
+    # (where the disk is) would break its free 8-GPU board. Packing wins.
+    vm = reclaimed(east.running("a100-spot", "a100-002", [0]))
+    east.running("a100-standalone", "a100-001", [0, 1, 2, 3])
+    east.running("a100-standalone", "a100-001", [4, 5])
+    east.running("a100-standalone", "a100-001", [6])
+
+    east.place()
+
+    assert held(vm) == ("a100-001", (7,))
+    assert placement_message(vm).endswith("resumed on a fresh disk from ubuntu-24.04-cuda-12.6")

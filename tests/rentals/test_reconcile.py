@@ -100,16 +100,42 @@ def test_a_vm_that_never_boots_fails_after_the_boot_timeout_and_is_cleaned_up(vm
 
 
 @pytest.mark.parametrize("state", [State.RUNNING, State.NOTIFIED])
-def test_a_vm_the_hypervisor_lost_is_marked_failed_with_a_clear_reason(vm_in, sim, sent, state):
-    vm = vm_in(state, gpus=(2, 3))  # nothing on the hypervisor
+def test_an_on_demand_vm_the_hypervisor_lost_is_failed_with_a_clear_reason(vm_in, sim, sent, state):
+    vm = vm_in(state, pool="h100-ondemand", gpus=(2, 3))  # nothing on the hypervisor
 
     repairs = sent()
 
-    assert [r.action for r in repairs] == ["marked failed"]
+    assert [r.action for r in repairs] == ["its host was lost"]
     vm.refresh_from_db()
     assert vm.state == State.FAILED
-    assert vm.failure_reason == LOST_BY_HYPERVISOR == "the hypervisor no longer knows this VM"
+    assert LOST_BY_HYPERVISOR == "the hypervisor no longer knows this VM"
+    assert vm.failure_reason == (
+        "its host h100-001 was lost: the hypervisor no longer knows this VM"
+    )
     assert live_gpus(vm) == []
+    assert events(vm, "vm.failed").get().message == vm.failure_reason
+
+
+@pytest.mark.parametrize("state", [State.RUNNING, State.NOTIFIED])
+def test_a_spot_vm_the_hypervisor_lost_waits_to_resume_elsewhere_on_a_fresh_disk(
+    vm_in, sim, sent, state
+):
+    vm = vm_in(state, pool="h100-spot", gpus=(2, 3))  # nothing on the hypervisor
+
+    assert [r.action for r in sent()] == ["its host was lost"]
+
+    vm.refresh_from_db()
+    assert vm.state == State.PENDING
+    assert live_gpus(vm) == []
+    assert vm.failure_reason == (
+        "its host h100-001 was lost: the hypervisor no longer knows this VM"
+    )
+    assert events(vm, "vm.pending").get().message == (
+        "its host h100-001 was lost: the hypervisor no longer knows this VM; its GPUs are "
+        "released and it resumes elsewhere on a fresh disk from ubuntu-24.04-cuda-12.6"
+    )
+    # Its disk went with the host: nothing to prefer when it is placed again.
+    assert vm.disk_node_id is None
 
 
 def test_a_guest_that_shut_itself_down_is_stopped_as_its_owner_would(vm_in, sim, sent):
@@ -189,7 +215,8 @@ def test_pending_standalone_vms_ask_their_clusters_placement_to_look_again(vm_in
 
 
 def test_a_second_pass_finds_nothing_left_to_repair(vm_in, sim, sent):
-    provisioning, lost = vm_in("provisioning", gpus=(0,)), vm_in("running", gpus=(1,))
+    provisioning = vm_in("provisioning", gpus=(0,))
+    lost = vm_in("running", pool="h100-ondemand", gpus=(1,))
     boot_on_hypervisor(sim, provisioning)
 
     assert len(sent()) == 2
@@ -265,7 +292,7 @@ def test_a_vm_that_moved_on_while_judged_is_not_repaired(vm_in, sim, sent, monke
 @pytest.mark.django_db(transaction=True)
 def test_two_reconcilers_at_once_repair_each_vm_once(vm_in, sim, sent_tasks):
     vms = [vm_in("provisioning", gpus=(i,)) for i in range(4)]
-    lost = vm_in("running", gpus=(4,))
+    lost = vm_in("running", pool="h100-ondemand", gpus=(4,))
     for vm in vms:
         boot_on_hypervisor(sim, vm)
     barrier = threading.Barrier(3)

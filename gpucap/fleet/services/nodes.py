@@ -15,6 +15,7 @@ from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric,
 from gpucap.fleet.services._common import capacity_set_bump, delete_unused, field_change, lock_set
 from gpucap.fleet.services.capacity_sets import capacity_set_gpu_total
 from gpucap.fleet.services.fabric import fabric_ids_kept, module_id_problem, module_ids_problem
+from gpucap.fleet.signals import node_went_down
 
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -293,7 +294,8 @@ _NODE_TRANSITIONS = {
 @transaction.atomic
 def node_set_state(*, node: Node, state: str, actor: Actor = None, message: str = "") -> Node:
     """Move a node between ready/cordoned/down. A node back from down stays cordoned until an
-    operator uncordons it (it may need checks first). Draining is started by the drain service."""
+    operator uncordons it (it may need checks first). Draining is started by the drain service.
+    A node marked down takes its VMs with it (``signals.node_went_down``)."""
     if state not in Node.State.values:
         raise ValidationError({"state": f"unknown state {state!r}"})
     node = Node.objects.select_for_update().get(pk=node.pk)
@@ -314,6 +316,9 @@ def node_set_state(*, node: Node, state: str, actor: Actor = None, message: str 
         after={"state": state},
         message=message,
     )
+    if state == Node.State.DOWN:
+        # Its VMs are lost with it (rentals follows: spot back to pending, the rest failed).
+        node_went_down.send(sender=Node, node_id=node.pk, hostname=node.hostname, message=message)
     return node
 
 
