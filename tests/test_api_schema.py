@@ -28,6 +28,8 @@ ENDPOINTS = {
     "/api/pools/": {"get", "post"},
     "/api/pools/{id}/": {"get", "patch", "delete"},
     "/api/pools/{id}/floor/": {"post"},
+    "/api/images/": {"get", "post"},
+    "/api/images/{id}/": {"get", "patch", "delete"},
     "/api/tenants/": {"get"},
     "/api/tenants/{id}/": {"get"},
     "/api/tenants/{id}/members/": {"get"},
