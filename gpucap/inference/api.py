@@ -151,6 +151,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "name",
             "slug",
             "model_name",
+            "image",
             "base_url",
             "gpus_per_replica",
             "min_replicas",
@@ -342,6 +343,12 @@ class DeploymentCreateSerializer(TenantScopedInput):
     gpus_per_replica = serializers.IntegerField(
         help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition)."
     )
+    image = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="A replica image of the pool's cluster (GET /api/images/?pool=<id>, one with "
+        "ports), e.g. vllm-0.6-openai. Default: gpucap-model-server.",
+    )
     min_replicas = _setting("min_replicas")
     max_replicas = _setting("max_replicas")
     target_in_flight = _setting("target_in_flight")
@@ -361,7 +368,7 @@ class DeploymentUpdateSerializer(InputSerializer):
     """The settings a deployment may change. Its pool, model, name and replica size are fixed."""
 
     hints = dict.fromkeys(
-        ["tenant", "pool", "name", "slug", "model_name", "gpus_per_replica"], _FIXED
+        ["tenant", "pool", "name", "slug", "model_name", "image", "gpus_per_replica"], _FIXED
     )
 
     min_replicas = _setting("min_replicas")

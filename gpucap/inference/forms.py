@@ -7,8 +7,10 @@ import datetime
 from django import forms
 
 from gpucap.fleet.models import Fabric, Pool
+from gpucap.fleet.selectors import images_offered_on
 from gpucap.inference import selectors
 from gpucap.inference.models import InferenceDeployment
+from gpucap.inference.services import REPLICA_IMAGE
 from gpucap.tenancy.models import Tenant
 from gpucap.web.forms import ServiceErrorsMixin
 
@@ -90,6 +92,12 @@ class DeploymentCreateForm(DeploymentSettingsForm):
         empty_label=None,
         error_messages={"invalid_choice": "is not an inference pool your tenant may use"},
     )
+    image = forms.ChoiceField(
+        label="Replica image",
+        required=False,
+        help_text="From the operator's catalogue: what each replica boots and serves.",
+        error_messages={"invalid_choice": "is not a replica image offered for your pools"},
+    )
     gpus_per_replica = forms.IntegerField(
         label="GPUs per replica",
         initial=1,
@@ -101,6 +109,7 @@ class DeploymentCreateForm(DeploymentSettingsForm):
         "name",
         "model_name",
         "pool",
+        "image",
         "gpus_per_replica",
         *DeploymentSettingsForm.SETTINGS,
     ]
@@ -112,6 +121,15 @@ class DeploymentCreateForm(DeploymentSettingsForm):
         # Read the pools once: the page both asks whether there are any and lists them.
         self.pools = list(pool.queryset)
         pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
+        images = images_offered_on(cluster_ids={p.cluster_id for p in self.pools})
+        # One option per name; the service checks it against the chosen pool's cluster.
+        names = dict.fromkeys(image.name for image in images if image.ports)
+        self.fields["image"].choices = [(name, name) for name in names]
+        if REPLICA_IMAGE in names:
+            self.fields["image"].initial = REPLICA_IMAGE
+
+    def clean_image(self) -> str:
+        return self.cleaned_data["image"] or REPLICA_IMAGE
 
 
 class ApiKeyForm(ServiceErrorsMixin, forms.Form):

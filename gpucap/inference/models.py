@@ -30,6 +30,12 @@ class InferenceDeployment(models.Model):
     model_name = models.CharField(
         max_length=200, help_text="The model id clients ask for, e.g. meta-llama/Llama-3.1-8B."
     )
+    image = models.CharField(
+        max_length=64,
+        default="gpucap-model-server",
+        help_text="The catalogue image its replicas boot (an image of the pool's cluster that "
+        "serves a port); its first port is the replicas' OpenAI-compatible endpoint.",
+    )
     gpus_per_replica = models.PositiveSmallIntegerField()
     min_replicas = models.PositiveSmallIntegerField(default=1)
     max_replicas = models.PositiveSmallIntegerField(default=1)

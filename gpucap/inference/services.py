@@ -15,6 +15,7 @@ from django.utils import timezone
 from gpucap.arbiter.topology import gpu_count_problem
 from gpucap.audit.services import Actor, audit_record
 from gpucap.fleet.models import Pool
+from gpucap.fleet.selectors import images_offered
 from gpucap.inference import cache, keys
 from gpucap.inference.models import MAX_REPLICAS, ApiKey, InferenceDeployment, ReplicaProbe
 from gpucap.rentals import services as rentals
@@ -26,6 +27,7 @@ State = VirtualMachine.State
 # notice or stopping is leaving and no longer counts.
 LIVE = (State.PENDING, State.PROVISIONING, State.RUNNING)
 _SLUG = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# The image replicas boot when a deployment names none: gpucap's own model server.
 REPLICA_IMAGE = "gpucap-model-server"
 # Replicas need no tenant SSH access: the platform manages them.
 REPLICA_SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdwdWNhcC1pbmZlcmVuY2UtcmVwbGljYQ gpucap"
@@ -61,6 +63,7 @@ def deployment_create(
     model_name: str,
     gpus_per_replica: int,
     slug: str | None = None,
+    image: str = REPLICA_IMAGE,
     actor: Actor = None,
     **settings,
 ) -> InferenceDeployment:
@@ -80,6 +83,8 @@ def deployment_create(
             errors["gpus_per_replica"] = f"must be a whole number, got {gpus_per_replica!r}"
         elif problem := gpu_count_problem(pool.fabric, gpus_per_replica):
             errors["gpus_per_replica"] = f"pool {pool.name}: {problem}"
+        if problem := _replica_image_problem(pool, image):
+            errors["image"] = problem
     if not isinstance(name, str) or not _SLUG.match(name):
         errors["name"] = (
             "must be 1-63 lowercase letters, digits or hyphens, starting and ending with a "
@@ -106,6 +111,7 @@ def deployment_create(
         name=name,
         slug=slug,
         model_name=model_name.strip(),
+        image=image,
         gpus_per_replica=gpus_per_replica,
         created_by=actor if actor is not None and actor.is_authenticated else None,
         **values,
@@ -114,7 +120,7 @@ def deployment_create(
         actor=actor,
         verb="deployment.create",
         target=deployment,
-        after={"pool": pool.name, "model": deployment.model_name, **values},
+        after={"pool": pool.name, "model": deployment.model_name, "image": image, **values},
     )
     replicas_scale(deployment=deployment, to=deployment.min_replicas, reason="created")
     cache.route_publish_on_commit(deployment.pk)
@@ -180,6 +186,25 @@ def _whole(value: object) -> bool:
 # --- replicas ------------------------------------------------------------------------------------
 
 
+def _replica_image_problem(pool: Pool, image: object) -> str:
+    """Why ``image`` cannot serve replicas in ``pool``: it must be an enabled image of the
+    catalogue of the pool's cluster that serves a port (the first is the OpenAI endpoint)."""
+    serving = [
+        offered.name for offered in images_offered(cluster_id=pool.cluster_id) if offered.ports
+    ]
+    if not serving:
+        return (
+            f"no replica image (one that serves a port) is offered for pool {pool.name}; an "
+            "operator adds one to the catalogue of its cluster"
+        )
+    if image not in serving:
+        return (
+            f"{image!r} is not a replica image offered for pool {pool.name}; choose one of: "
+            f"{', '.join(serving)}"
+        )
+    return ""
+
+
 def replicas_live(deployment: InferenceDeployment):
     return deployment.replicas.filter(state__in=LIVE)
 
@@ -206,7 +231,7 @@ def replicas_scale(
                     pool=locked.pool,
                     name=_replica_name(locked),
                     gpu_count=locked.gpus_per_replica,
-                    image=REPLICA_IMAGE,
+                    image=locked.image,
                     ssh_public_key=REPLICA_SSH_KEY,
                     actor=actor,
                     role=VirtualMachine.Role.INFERENCE_REPLICA,

@@ -696,3 +696,47 @@ def test_key_list_runs_a_fixed_number_of_queries(
         assert operator_api.get("/api/api-keys/").json()["count"] == 6
     with django_assert_num_queries(2):
         assert member_api.get("/api/api-keys/").json()["count"] == 5
+
+
+# --- the replica image from the catalogue -------------------------------------------------------
+
+
+def test_a_deployment_runs_its_replicas_on_a_replica_image_of_the_catalogue(
+    member_api, inference_pools, fleet_east
+):
+    fleet.image_create(
+        cluster=fleet_east["cluster"],
+        name="vllm-0.6-openai",
+        base_image="/var/lib/gpucap/images/vllm.qcow2",
+        default_user="ubuntu",
+        ports=[8000],
+    )
+    pool = inference_pools["standalone"]
+    response = member_api.post(
+        "/api/deployments/", body(pool, image="vllm-0.6-openai"), format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["image"] == "vllm-0.6-openai"
+    replicas = VirtualMachine.objects.filter(deployment_id=response.json()["id"])
+    assert {vm.image for vm in replicas} == {"vllm-0.6-openai"}
+
+
+def test_an_image_that_serves_no_port_is_no_replica_image(member_api, inference_pools):
+    before = world()
+    response = member_api.post(
+        "/api/deployments/",
+        body(inference_pools["standalone"], image="ubuntu-24.04-cuda-12.6"),
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"]["image"] == [
+        "'ubuntu-24.04-cuda-12.6' is not a replica image offered for pool a100-inference; "
+        "choose one of: gpucap-model-server"
+    ]
+    assert world() == before
+
+
+def test_without_an_image_a_deployment_runs_gpucaps_model_server(deploy):
+    deployment = deploy()
+    assert deployment.image == "gpucap-model-server"
+    assert {vm.image for vm in deployment.replicas.all()} == {"gpucap-model-server"}

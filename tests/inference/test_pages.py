@@ -653,11 +653,12 @@ def test_my_deployments_runs_a_fixed_number_of_queries(
     member_client, deploy, django_assert_num_queries
 ):
     many(deploy, 1)
-    # session, user; memberships, tenant; deployments with replica counts; pools for the form.
-    with django_assert_num_queries(6):
+    # session, user; memberships, tenant; deployments with replica counts; pools and replica
+    # images for the form.
+    with django_assert_num_queries(7):
         member_client.get(tenant_url())
     many(deploy, 5)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         response = member_client.get(tenant_url())
     assert len(response.context["listing"].rows) == 5
 
