@@ -173,11 +173,11 @@ class LibvirtDriver:
     # --- the driver interface ------------------------------------------------------------------
 
     def create(self, spec: VmSpec) -> VmStatus:
-        image_path = self._image_path(spec.image)
         with self._connection(spec.node) as connection:
             domain = _lookup(connection, spec.instance_id)
             if domain is not None and domain.isActive():
                 return self._status(domain)
+            image_path = self._image_path(connection, spec)
             # Defined (a retry, or a VM started again) or new: (re)define with the GPUs, address
             # and seed it has now, keeping its disk.
             disk_path = self._overlay(connection, spec.instance_id, spec.node, image_path)
@@ -303,12 +303,25 @@ class LibvirtDriver:
                 raise DriverUnavailable(f"libvirt on {node} ({uri}): {message}") from error
             raise DriverError(f"libvirt on {node}: {message}") from error
 
-    def _image_path(self, image: str) -> str:
-        if not _IMAGE_NAME.match(image):
+    def _image_path(self, connection: libvirt.virConnect, spec: VmSpec) -> str:
+        """The base the VM's overlay backs onto: the catalogue's base image for this node (a
+        path, or the name of a volume in the storage pool), else ``image_path`` filled in with
+        the image's name."""
+        if spec.base_image.startswith("/"):
+            return spec.base_image
+        if spec.base_image:
+            volume = _volume(self._pool(connection, spec.node), spec.base_image)
+            if volume is None:
+                raise DriverError(
+                    f"node {spec.node} has no volume {spec.base_image!r} (image {spec.image}) "
+                    f"in its storage pool {self.settings.storage_pool!r}"
+                )
+            return volume.path()
+        if not _IMAGE_NAME.match(spec.image):
             raise DriverError(
-                f"image {image!r} is not a plain image name (letters, digits, '.', '_', '-')"
+                f"image {spec.image!r} is not a plain image name (letters, digits, '.', '_', '-')"
             )
-        return self.settings.image_path.format(image=image)
+        return self.settings.image_path.format(image=spec.image)
 
     def _pool(self, connection: libvirt.virConnect, node: str) -> libvirt.virStoragePool:
         pool = _storage_pool(connection, self.settings.storage_pool)

@@ -24,6 +24,7 @@ import urllib3
 from django.conf import settings
 from django.utils import timezone
 
+from gpucap.fleet.models import Image
 from gpucap.inference import services
 from gpucap.inference.models import replica_probe
 from gpucap.rentals.models import VirtualMachine
@@ -70,16 +71,17 @@ def replicas_probe() -> Round:
     return Round(probed=len(targets), answered=answered, recorded=recorded)
 
 
-def health_path(vm: VirtualMachine) -> str:
-    """The path a replica's model server answers its readiness probe on. The one place that
-    decides it: ``INFERENCE_PROBE_PATH`` (``/v1/models``, which every OpenAI-compatible server
-    answers) for now."""
-    path = settings.INFERENCE_PROBE_PATH
+def health_path(vm: VirtualMachine, image: Image | None = None) -> str:
+    """The path a replica's model server answers its readiness probe on: its catalogue image's
+    ``health_path``, else ``INFERENCE_PROBE_PATH`` (``/v1/models``, which every
+    OpenAI-compatible server answers)."""
+    path = image.health_path if image is not None and image.health_path else None
+    path = path or settings.INFERENCE_PROBE_PATH
     return path if path.startswith("/") else f"/{path}"
 
 
-def health_url(vm: VirtualMachine) -> str:
-    return f"{vm.endpoint_url.rstrip('/')}{health_path(vm)}"
+def health_url(vm: VirtualMachine, image: Image | None = None) -> str:
+    return f"{vm.endpoint_url.rstrip('/')}{health_path(vm, image)}"
 
 
 def round_targets() -> list[Target]:
@@ -91,9 +93,16 @@ def round_targets() -> list[Target]:
             deployment__isnull=False,
         )
         .exclude(endpoint_url="")
-        .select_related("probe")
+        .select_related("probe", "pool")
         .order_by("pk")
     )
+    images = {
+        (image.cluster_id, image.name): image
+        for image in Image.objects.filter(
+            name__in={vm.image for vm in replicas},
+            cluster_id__in={vm.pool.cluster_id for vm in replicas},
+        )
+    }
     targets = []
     for vm in replicas:
         probe = replica_probe(vm)
@@ -102,7 +111,7 @@ def round_targets() -> list[Target]:
                 vm_id=vm.pk,
                 instance_id=vm.instance_id,
                 endpoint_url=vm.endpoint_url,
-                url=health_url(vm),
+                url=health_url(vm, images.get((vm.pool.cluster_id, vm.image))),
                 seen_at=probe.last_probe_at if probe is not None else None,
             )
         )

@@ -20,7 +20,7 @@ from gpucap.cache_flush import publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.redis_clients import metadata_redis
 from gpucap.rentals.models import VirtualMachine
-from gpucap.rentals.selectors import vm_login_user
+from gpucap.rentals.selectors import vm_login_user, with_login_user
 
 KEY_PREFIX = "gpucap:imds:ip:"
 
@@ -67,7 +67,8 @@ def metadata_publish(vm_id: int) -> None:
 def metadata_publish_many(vm_ids: Iterable[int]) -> None:
     """Write (or remove) the metadata of these VMs as the database says now, in one pipelined
     round trip."""
-    vms = [vm for vm in VirtualMachine.objects.filter(pk__in=list(vm_ids)) if vm.ip_address]
+    loaded = with_login_user(VirtualMachine.objects.filter(pk__in=list(vm_ids)))
+    vms = [vm for vm in loaded if vm.ip_address]
     if not vms:
         return
     served = [vm.pk for vm in vms if vm.state in _SERVED_STATES]
@@ -89,7 +90,9 @@ def metadata_publish_many(vm_ids: Iterable[int]) -> None:
 def metadata_resync() -> int:
     """Rebuild every key from the database; returns how many VMs are served."""
     notices = {n.vm_id: n for n in InterruptionNotice.objects.filter(completed_at=None)}
-    served = VirtualMachine.objects.filter(state__in=_SERVED_STATES).exclude(ip_address=None)
+    served = with_login_user(
+        VirtualMachine.objects.filter(state__in=_SERVED_STATES).exclude(ip_address=None)
+    )
     documents = {
         metadata_key(vm.ip_address): json.dumps(metadata_document(vm, notices.get(vm.pk)))
         for vm in served

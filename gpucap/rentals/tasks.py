@@ -192,6 +192,10 @@ def _spec(vm: VirtualMachine) -> VmSpec:
         network=guest_network_for(vm),
         user_data=vm.user_data,
         base_image=image.base_for(vm.node.hostname) if image is not None else "",
+        # An inference replica's model server listens on its image's first port.
+        service_port=image.ports[0]
+        if image is not None and image.ports and vm.role == VirtualMachine.Role.INFERENCE_REPLICA
+        else None,
     )
 
 

@@ -492,3 +492,40 @@ def test_boot_and_console_settings_are_checked_by_name():
     assert "kernel_path: unknown placeholder {name} (it may use {image})" in message
     assert "serial_log_path: unknown placeholder {node} (it may use {instance})" in message
     assert "gpu_passthrough: must be true or false, got 'no'" in message
+
+
+def backing_file(instance_id: str) -> str:
+    return (
+        ET.fromstring(defined_xml(instance_id)).find("devices/disk/backingStore/source").get("file")
+    )
+
+
+def test_the_catalogues_base_image_path_backs_the_overlay(hypervisor):
+    hypervisor.create(vm_spec("vm-100", base_image="/srv/images/noble-cuda.qcow2"))
+
+    assert backing_file("vm-100") == "/srv/images/noble-cuda.qcow2"
+
+
+def test_a_base_image_named_as_a_volume_is_found_in_the_nodes_pool(hypervisor):
+    pool = libvirt_connection().storagePoolLookupByName("default-pool")
+    pool.createXML(
+        "<volume><name>noble-cuda.qcow2</name><capacity unit='GiB'>1</capacity>"
+        "<target><format type='qcow2'/></target></volume>",
+        0,
+    )
+
+    hypervisor.create(vm_spec("vm-101", base_image="noble-cuda.qcow2"))
+
+    assert backing_file("vm-101") == "/default-pool/noble-cuda.qcow2"
+
+
+def test_a_base_image_volume_the_node_lacks_is_named(hypervisor):
+    with pytest.raises(
+        DriverError,
+        match=re.escape(
+            "node h100-001 has no volume 'noble-cuda.qcow2' (image ubuntu-24.04-cuda-12.6) in "
+            "its storage pool 'default-pool'"
+        ),
+    ):
+        hypervisor.create(vm_spec("vm-102", base_image="noble-cuda.qcow2"))
+    assert "vm-102" not in domain_names()

@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from gpucap.audit.models import AuditEvent
+from gpucap.fleet import services as fleet
 from gpucap.inference import cache, probe
 from gpucap.inference.models import ReplicaProbe
 from gpucap.inference.tasks import probe_replicas
@@ -267,6 +268,14 @@ def test_the_health_url_is_the_endpoint_and_the_probe_path(settings, deploy, rep
     assert probe.health_url(vm) == "http://127.0.0.1:9/v1/models"
     settings.INFERENCE_PROBE_PATH = "health"
     assert probe.health_url(vm) == "http://127.0.0.1:9/health"
+
+
+def test_a_replica_is_probed_on_its_images_health_path(deploy, replica, fleet_east):
+    deployment = deploy("chat", min_replicas=1)
+    vm = replica(deployment, "http://127.0.0.1:9/")
+    fleet.image_update(image=fleet_east["images"][vm.image], health_path="/healthz")
+
+    assert [target.url for target in probe.round_targets()] == ["http://127.0.0.1:9/healthz"]
 
 
 # --- two probers at once -------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_a_guest_reads_its_user_data_and_ssh_keys_as_gcp_serves_them(guest_a, vm
     assert (user_data.status, user_data.data.decode()) == (200, USER_DATA)
     assert user_data.headers["Metadata-Flavor"] == "Google"
     # GCP's format: <user>:<key>, the user being the image's login user.
-    assert (keys.status, keys.data.decode()) == (200, f"root:{vm.ssh_public_key.strip()}\n")
+    assert (keys.status, keys.data.decode()) == (200, f"ubuntu:{vm.ssh_public_key.strip()}\n")
 
 
 def test_gcp_attributes_need_the_metadata_flavor_header(guest_a, vm_at):
@@ -88,7 +88,7 @@ def test_another_address_never_reads_a_guests_user_data_or_keys(guest_a, guest_b
         == 404
     )
     assert gcp(guest_b, "user-data").status == 404
-    assert gcp(guest_b, "ssh-keys").data.decode() == "root:ssh-ed25519 BBBB other@b\n"
+    assert gcp(guest_b, "ssh-keys").data.decode() == "ubuntu:ssh-ed25519 BBBB other@b\n"
 
 
 def test_a_document_published_before_user_data_and_login_users_answers_404_for_them(guest_a, vm_at):

@@ -67,10 +67,10 @@ def test_the_owner_sees_the_address_at_once_and_the_ssh_command_once_it_runs(mem
     )
     assert (running["ip_address"], running["ssh_command"]) == (
         "10.200.0.2",
-        "ssh root@10.200.0.2",
+        "ssh ubuntu@10.200.0.2",
     )
     listed = member_api.get("/api/vms/").data["results"]
-    assert [vm["ssh_command"] for vm in listed] == ["ssh root@10.200.0.2"]
+    assert [vm["ssh_command"] for vm in listed] == ["ssh ubuntu@10.200.0.2"]
 
 
 def test_another_tenants_member_cannot_read_the_address(other_member_api, placed):

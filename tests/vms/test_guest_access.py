@@ -14,7 +14,7 @@ from tests.vms.test_pages import HTMX, detail_url, field_error, request_form, te
 pools = rentals_fixtures.pools
 nodes = rentals_fixtures.nodes
 
-SSH = "ssh root@10.200.0.2"
+SSH = "ssh ubuntu@10.200.0.2"
 
 
 @pytest.fixture

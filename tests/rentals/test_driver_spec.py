@@ -1,5 +1,6 @@
-"""What the driver tasks hand a driver for a VM on an NVSwitch node: the Fabric Manager
-partition its GPUs form, looked up in the node's imported partition table."""
+"""What the driver tasks hand a driver for a VM: on an NVSwitch node the Fabric Manager
+partition its GPUs form, looked up in the node's imported partition table; its catalogue image's
+base on the node."""
 
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Node
@@ -42,3 +43,12 @@ def test_a_node_without_fabric_manager_ids_gives_no_partition(vm_in):
     vm = vm_in("provisioning", node="h100-001", gpus=(0, 1))
 
     assert tasks._spec(vm).fabric_partition is None
+
+
+def test_a_replica_is_created_with_its_images_base_and_port(vm_in, fleet_east):
+    vm = vm_in("provisioning")
+
+    spec = tasks._spec(vm)
+
+    assert spec.base_image == "/var/lib/gpucap/images/ubuntu-24.04-cuda-12.6.qcow2"
+    assert spec.service_port is None  # a rental serves nothing gpucap routes to
