@@ -389,6 +389,10 @@ class Node:
         run("pkill", "-KILL", "-f", f"qemu-system.*{self.directory}", check=False)
         for cleanup in reversed(self._cleanups):
             cleanup()
+        kept = os.environ.get("GPUCAP_REALGUEST_KEEP")  # a directory to keep the logs in
+        if kept:
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(self.directory, kept, ignore=shutil.ignore_patterns("*.qcow2", "*.iso"))
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

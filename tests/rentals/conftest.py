@@ -133,22 +133,19 @@ def sim(db) -> SimulatedDriver:
 
 
 class Worker:
-    """One ``celery worker`` subprocess in a process group of its own."""
+    """One ``celery worker`` subprocess in a process group of its own (or, with ``beat``, the
+    ``celery beat`` that sends the periodic tasks, as ``make run`` runs it)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, name: str) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, name: str, *, beat=False) -> None:
         self.log_path = log_path
         self.name = name
+        self.ready_line = "beat: Starting..." if beat else f"{name} ready."
         self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "gpucap.celery",
+        role = (
+            ["beat", "--schedule", str(log_path.with_suffix(".schedule"))]
+            if beat
+            else [
                 "worker",
-                "--loglevel",
-                "INFO",
                 "--concurrency",
                 "2",
                 "--hostname",
@@ -156,7 +153,10 @@ class Worker:
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
-            ],
+            ]
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "gpucap.celery", *role, "--loglevel", "INFO"],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -167,7 +167,7 @@ class Worker:
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if f"{self.name} ready.".encode() in self.log_path.read_bytes():
+            if self.ready_line.encode() in self.log_path.read_bytes():
                 return
             if self.process.poll() is not None:
                 break
@@ -236,7 +236,8 @@ def queue_purge(queue: str) -> None:
 @pytest.fixture
 def workers(transactional_db, celery_queue, tmp_path) -> Callable[..., Worker]:
     """``workers()`` starts a real worker on this test database and queue and waits until it
-    is ready. Every worker started is killed at teardown, before the database is flushed."""
+    is ready (``workers(beat=True)``: celery beat, sending to that queue). Every one started is
+    killed at teardown, before the database is flushed."""
     from gpucap.celery import app
 
     started: list[Worker] = []
@@ -254,9 +255,10 @@ def workers(transactional_db, celery_queue, tmp_path) -> Callable[..., Worker]:
         "PYTHONUNBUFFERED": "1",
     }
 
-    def start(**extra_env: str) -> Worker:
+    def start(*, beat: bool = False, **extra_env: str) -> Worker:
         name = f"test{len(started) + 1}-{os.getpid()}@localhost"
-        worker = Worker({**env, **extra_env}, tmp_path / f"worker{len(started) + 1}.log", name)
+        log = tmp_path / f"{'beat' if beat else 'worker'}{len(started) + 1}.log"
+        worker = Worker({**env, **extra_env}, log, name, beat=beat)
         started.append(worker)
         worker.wait_ready()
         return worker
