@@ -10,6 +10,8 @@ urlpatterns = [
     path("sets/", views.capacity_set_list, name="capacity-set-list"),
     path("sets/<slug:name>/", views.capacity_set_detail, name="capacity-set-detail"),
     path("sets/<slug:name>/drain/", views.capacity_set_drain, name="capacity-set-drain"),
+    path("clusters/", views.cluster_list, name="cluster-list"),
+    path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(

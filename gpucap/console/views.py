@@ -1,6 +1,6 @@
-"""The operators' console: the fleet overview grid, capacity sets (with the arbiter's panels of
-gpucap.plans), node detail with cordon/uncordon, and drains of a node or a whole set (with who
-holds a drain up, from gpucap.notices).
+"""The operators' console: the fleet overview grid, clusters, capacity sets (with the arbiter's
+panels of gpucap.plans), node detail with cordon/uncordon, and drains of a node or a whole set
+(with who holds a drain up, from gpucap.notices).
 
 Views adapt the request and call selectors (reads) or services (changes); nothing here
 decides a rule of the fleet.
@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.audit.selectors import events_for
@@ -61,6 +61,22 @@ def fleet_overview(request: HttpRequest) -> HttpResponse:
     overview = selectors.fleet_overview(**filters)
     context = {"nav": "fleet", "form": form, "filtered": bool(filters), "overview": overview}
     return render_page(request, "console/overview.html", context, fragment="fleet-grid")
+
+
+@require_GET
+@operator_required
+def cluster_list(request: HttpRequest) -> HttpResponse:
+    context = {"nav": "fleet", "clusters": selectors.clusters_with_totals()}
+    return render(request, "console/cluster_list.html", context)
+
+
+@require_GET
+@operator_required
+def cluster_detail(request: HttpRequest, name: str) -> HttpResponse:
+    """A cluster: its driver and settings (a rig whose VMs get no GPUs says so loudly), its
+    nodes with their guest networks, its sets and its image catalogue."""
+    context = {"nav": "fleet", "page": selectors.cluster_page(name=name)}
+    return render(request, "console/cluster_detail.html", context)
 
 
 @require_GET

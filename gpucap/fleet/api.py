@@ -21,6 +21,7 @@ from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, ServiceWrites, choice_field
 from gpucap.api.permissions import IsOperator, IsOperatorOrReadOnly
+from gpucap.fleet import selectors
 from gpucap.fleet import services as fleet
 from gpucap.fleet.filters import (
     CapacitySetFilter,
@@ -569,9 +570,7 @@ class ClusterViewSet(FleetViewSet):
     update_serializer_class = ClusterWriteSerializer
 
     def get_queryset(self):
-        return Cluster.objects.annotate(
-            node_count=Count("nodes"), gpu_total=Coalesce(Sum("nodes__gpu_count"), 0)
-        ).prefetch_related(Prefetch("capacity_sets", CapacitySet.objects.only("cluster", "name")))
+        return selectors.clusters_with_totals()
 
     def service_create(self, data):
         return fleet.cluster_create(actor=self.request.user, **data)

@@ -62,6 +62,14 @@ class Cluster(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def passes_gpus(self) -> bool:
+        """False for a rig whose VMs get no GPUs: the simulated driver, or a libvirt cluster
+        set to ``gpu_passthrough: false`` (CI, a lab). Never true of production capacity."""
+        if self.driver == self.Driver.SIMULATED:
+            return False
+        return (self.driver_settings or {}).get("gpu_passthrough", True) is not False
+
 
 class CapacitySet(models.Model):
     """Nodes of one cluster with one GPU model and one fabric: the arbiter's unit."""

@@ -5,6 +5,7 @@ held by a VM is its pool's kind (``on_demand``, ``spot``, ``inference``), or ``l
 the VM is under notice or stopping; otherwise its node's state, or ``free`` on a ready node.
 """
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -459,3 +460,41 @@ def images_offered_on(*, cluster_ids) -> list[Image]:
     """The enabled images of these clusters, by cluster name, then image name. One query."""
     images = Image.objects.filter(cluster_id__in=cluster_ids, enabled=True)
     return list(images.select_related("cluster").order_by("cluster__name", "name"))
+
+
+# --- clusters ----------------------------------------------------------------------------------
+
+
+def clusters_with_totals():
+    """Every cluster with its node and GPU counts and its sets' names (API and page)."""
+    return Cluster.objects.annotate(
+        node_count=Count("nodes"), gpu_total=Coalesce(Sum("nodes__gpu_count"), 0)
+    ).prefetch_related(Prefetch("capacity_sets", CapacitySet.objects.only("cluster", "name")))
+
+
+@dataclass(frozen=True)
+class ClusterPage:
+    cluster: Cluster
+    settings: list[tuple[str, str]]  # the driver settings, by name, as written
+    nodes: list
+    capacity_sets: list
+    images: list
+
+
+def cluster_page(*, name: str) -> ClusterPage:
+    """One cluster as its page shows it: driver and settings, nodes (with set, state, GPU
+    count and guest network), capacity sets and catalogue images. 404 for an unknown name."""
+    cluster = get_object_or_404(Cluster, name=name)
+    nodes = list(
+        Node.objects.filter(cluster=cluster).select_related("capacity_set").order_by("hostname")
+    )
+    return ClusterPage(
+        cluster=cluster,
+        settings=sorted(
+            (key, value if isinstance(value, str) else json.dumps(value))
+            for key, value in (cluster.driver_settings or {}).items()
+        ),
+        nodes=nodes,
+        capacity_sets=list(cluster.capacity_sets.order_by("name")),
+        images=list(Image.objects.filter(cluster=cluster).order_by("name")),
+    )

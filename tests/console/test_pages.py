@@ -1,4 +1,5 @@
-"""The operator's fleet pages: overview grid, capacity sets, node detail with cordon/uncordon."""
+"""The operator's fleet pages: overview grid, clusters, capacity sets, node detail with
+cordon/uncordon."""
 
 import pytest
 from django.test import Client
@@ -33,6 +34,8 @@ OPERATOR_PAGES = [
     ("fleet:capacity-set-list", {}),
     ("fleet:capacity-set-detail", {"name": "h100-east"}),
     ("fleet:node-detail", {"cluster": "east", "hostname": "h100-001"}),
+    ("fleet:cluster-list", {}),
+    ("fleet:cluster-detail", {"name": "east"}),
 ]
 
 
@@ -423,3 +426,70 @@ def test_cordon_refuses_get(operator_client, fleet_east):
     response = operator_client.get(node_url("fleet:node-cordon", "h100-001"))
     assert response.status_code == 405
     assert Node.objects.get(hostname="h100-001").state == Node.State.READY
+
+
+# --- clusters ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rig(db):
+    """A libvirt cluster whose VMs get no GPUs (as CI's), beside a production one."""
+    rig = fleet.cluster_create(
+        name="ci-rig",
+        driver="libvirt",
+        driver_settings={"uri": "qemu:///system", "gpu_passthrough": False},
+    )
+    fleet.node_create(
+        cluster=rig,
+        hostname="rig-001",
+        gpu_model="RIG-GPU",
+        fabric="pcie",
+        gpu_count=2,
+        guest_bridge="gpubr0",
+        guest_subnet="10.213.0.0/24",
+    )
+    production = fleet.cluster_create(
+        name="west", driver="libvirt", driver_settings={"uri": "qemu+ssh://root@{node}/system"}
+    )
+    return {"rig": rig, "production": production}
+
+
+def test_a_cluster_without_gpu_passthrough_is_marked_a_test_rig_on_its_page(operator_client, rig):
+    response = operator_client.get(reverse("fleet:cluster-detail", kwargs={"name": "ci-rig"}))
+    html = response.content.decode()
+
+    assert response.status_code == 200
+    assert 'id="test-rig"' in html
+    assert "Test rig: its VMs get no GPUs." in html
+    assert "<dt>gpu_passthrough</dt><dd><code>false</code></dd>" in html
+    assert "<code>10.213.0.0/24</code> on <code>gpubr0</code>" in html
+    assert "rig-001" in html
+
+
+def test_a_production_cluster_is_not_marked(operator_client, rig):
+    response = operator_client.get(reverse("fleet:cluster-detail", kwargs={"name": "west"}))
+
+    assert response.status_code == 200
+    assert 'id="test-rig"' not in response.content.decode()
+    assert "qemu+ssh://root@{node}/system" in response.content.decode()
+
+
+def test_the_cluster_list_says_which_clusters_give_guests_no_gpus(operator_client, rig, fleet_east):
+    html = operator_client.get(reverse("fleet:cluster-list")).content.decode()
+    rows = {row.split("</strong>")[0].rsplit(">", 1)[-1]: row for row in html.split("<tr>")[2:]}
+
+    assert "Test rig: none" in rows["ci-rig"]
+    assert "Test rig: none" in rows["east"]  # the simulated driver boots no real guests
+    assert "Passed through" in rows["west"]
+
+
+def test_a_test_rigs_node_page_says_its_vms_get_no_gpus(operator_client, rig):
+    response = operator_client.get(node_url("fleet:node-detail", "rig-001", cluster="ci-rig"))
+
+    assert "Cluster ci-rig is a test rig: VMs on this node get no GPUs" in response.content.decode()
+
+
+def test_an_unknown_cluster_is_404(operator_client, fleet_east):
+    response = operator_client.get(reverse("fleet:cluster-detail", kwargs={"name": "nowhere"}))
+
+    assert response.status_code == 404
