@@ -18,10 +18,27 @@ def guest_image() -> rig.GuestImage:
 
 
 @pytest.fixture(scope="session")
-def accel(guest_image) -> str:
+def accel(guest_image, say) -> str:
     chosen = rig.accelerator(guest_image)
-    print(f"\nreal guests run under {'KVM' if chosen == 'kvm' else 'QEMU emulation (TCG)'}")
+    say(f"real guests run under {'KVM' if chosen == 'kvm' else 'QEMU emulation (TCG)'}")
     return chosen
+
+
+_SAID: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def say():
+    """Note what the rig found or measured; the run's summary prints it (pytest_terminal_summary
+    below), where captured output would hide it."""
+    return _SAID.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SAID:
+        terminalreporter.section("real guests")
+        for line in _SAID:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
