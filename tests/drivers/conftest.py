@@ -6,6 +6,7 @@ import uuid
 import pytest
 
 from gpucap.drivers import libvirt as libvirt_driver
+from gpucap.drivers import libvirt_host
 from gpucap.drivers.base import GpuDevice, VmSpec
 from gpucap.drivers.libvirt import LibvirtDriver
 from gpucap.drivers.simulated import SimulatedDriver
@@ -60,7 +61,7 @@ def uploads(monkeypatch) -> dict[str, bytes]:
     real upload runs against a real libvirtd in tests/realguest."""
     written: dict[str, bytes] = {}
     monkeypatch.setattr(
-        libvirt_driver,
+        libvirt_host,
         "volume_write",
         lambda connection, volume, data: written.__setitem__(volume.name(), data),
     )
@@ -78,4 +79,4 @@ def hypervisor(uploads):
 
 def libvirt_connection():
     """The connection the driver uses, to look behind its back as an operator's virsh would."""
-    return libvirt_driver._connect(LIBVIRT_TEST_SETTINGS["uri"])
+    return libvirt_host.connect(LIBVIRT_TEST_SETTINGS["uri"])

@@ -12,7 +12,7 @@ import libvirt
 import pycdlib
 import pytest
 
-from gpucap.drivers import libvirt as libvirt_driver
+from gpucap.drivers import libvirt_host
 from gpucap.drivers.base import (
     DriverError,
     DriverUnavailable,
@@ -238,7 +238,7 @@ def test_status_reports_a_paused_domain_as_running_with_a_message(hypervisor):
     ],
 )
 def test_libvirt_states_map_to_vm_states(state, reason, expected):
-    assert libvirt_driver._vm_state(state, reason) == expected
+    assert libvirt_host.vm_state(state, reason) == expected
 
 
 def test_starting_a_vm_that_was_never_created_is_an_error(hypervisor):
