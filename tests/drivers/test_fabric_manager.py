@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 from gpucap.drivers.base import DriverError, DriverUnavailable
+from gpucap.drivers.fabric_listing import FabricListingError, FabricPartition, partitions_parse
 from gpucap.drivers.fabric_manager import (
-    FabricListingError,
-    FabricPartition,
     NvPartitionerClient,
     SimulatedFabricManager,
     fabric_manager_for,
-    partitions_parse,
     simulated_fabric_reset,
 )
 

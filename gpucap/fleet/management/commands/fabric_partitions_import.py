@@ -6,7 +6,7 @@ import sys
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from gpucap.drivers.fabric_manager import FabricListingError, partitions_parse
+from gpucap.drivers.fabric_listing import FabricListingError, partitions_parse
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Node
 
