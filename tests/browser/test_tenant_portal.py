@@ -56,7 +56,7 @@ def test_member_requests_a_spot_vm_sees_it_run_then_sees_the_reclaim_countdown(
     page.select_option("select[name=pool]", option.get_attribute("value"))
     page.fill("input[name=name]", "finetune")
     page.fill("input[name=gpu_count]", "2")
-    page.fill("input[name=image]", IMAGE)
+    page.select_option("select[name=image]", IMAGE)
     page.fill("textarea[name=ssh_public_key]", SSH_KEY)
     page.get_by_role("button", name="Request VM").click()
     expect(page.locator("#vm-request [role=status]")).to_contain_text("Requested vm-")

@@ -21,7 +21,7 @@ def fill_request(page, *, pool: str, name: str, gpus: int) -> None:
     page.select_option("select[name=pool]", option.get_attribute("value"))
     page.fill("input[name=name]", name)
     page.fill("input[name=gpu_count]", str(gpus))
-    page.fill("input[name=image]", IMAGE)
+    page.select_option("select[name=image]", IMAGE)
     page.fill("textarea[name=ssh_public_key]", SSH_KEY)
     page.get_by_role("button", name="Request VM").click()
 

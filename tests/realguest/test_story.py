@@ -275,33 +275,36 @@ def test_a_reclaimed_spot_guest_reads_its_notice_powers_off_and_resumes_on_its_d
     assert len({vm["ip_address"] for vm in running.values()}) == 2
 
     # globex's on-demand VM makes the enforcing arbiter reclaim one spot VM.
+    marks = {vm["instance_id"]: len(console(node, vm["instance_id"])) for vm in running.values()}
     demand = request_vm(other_member_api, fleet["pools"]["rig-ondemand"], "train", GLOBEX_KEY)
 
-    def issued():
-        return VirtualMachine.objects.filter(
-            pk__in=[first["id"], second["id"]], state="notified"
-        ).first()
+    # One guest reads its notice through 169.254.169.254 on one of its next polls, prints the
+    # action and the deadline, and powers off.
+    def a_guest_read_a_notice():
+        for vm in running.values():
+            found = re.search(
+                r"notice: (\{.*\})", console(node, vm["instance_id"])[marks[vm["instance_id"]] :]
+            )
+            if found:
+                return vm, found, datetime.now(UTC)
+        return None
 
-    victim = rig.wait_until(issued, timeout=120, what="the arbiter's notice")
-    marks = {vm["instance_id"]: len(console(node, vm["instance_id"])) for vm in running.values()}
+    try:
+        read, line, seen_at = rig.wait_until(
+            a_guest_read_a_notice, timeout=180, what="a guest to print a notice"
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{_diagnosis(logs)}") from None
+    victim = VirtualMachine.objects.get(pk=read["id"])
     notice = victim.notices.get()
     other = running["spot-b" if victim.name == "spot-a" else "spot-a"]
-
-    # The guest reads it through 169.254.169.254 on one of its next polls, prints the action and
-    # the deadline, and powers off.
-    line = wait_console(
-        node, victim.instance_id, r"notice: (\{.*\})", after=marks[victim.instance_id], timeout=60
-    )
-    latency = (datetime.now(UTC) - notice.issued_at).total_seconds()
-    polls_before = console(node, victim.instance_id)[marks[victim.instance_id] :][
-        : line.start()
-    ].count("instance-action: 404")
     deadline = notice.deadline.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert notice.reason == "arbiter"
     assert line.group(1) == f'{{"action":"stop","time":"{deadline}"}}'
-    assert polls_before <= 2, f"the guest polled {polls_before} more times before seeing it"
+    # How soon (an upper bound: the test looks every 0.2 s); bench/guest_notice.py measures it.
     say(
-        f"the guest printed its notice {latency:.1f} s after it was issued "
-        f"({polls_before} polls between the test seeing it issued and the guest reading it)"
+        f"the guest printed its notice {(seen_at - notice.issued_at).total_seconds():.1f} s "
+        "after it was issued"
     )
     wait_console(node, victim.instance_id, "powering off", after=marks[victim.instance_id])
 
