@@ -72,12 +72,13 @@ test: install-dev browser realguest lint
 wrk:
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
 
-bench: install-dev wrk
+bench: install-dev wrk realguest
 	$(PY) bench/arbiter_scale.py
 	$(PY) bench/metadata_load.py
 	$(PY) bench/set_page.py
 	$(PY) bench/usage_export.py
 	$(PY) bench/router_overhead.py
+	$(PY) bench/guest_notice.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

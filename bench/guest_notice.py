@@ -128,7 +128,9 @@ def main() -> int:
             marks = {name: boot(name) for name in guests}
             for name in guests:
                 rig.wait_until(
-                    lambda name=name: "instance-action: 404" in console(node, name)[marks[name] :],
+                    lambda name=name, after=marks[name]: (
+                        "instance-action: 404" in console(node, name)[after:]
+                    ),
                     timeout=300,
                     what=f"{name} to poll",
                 )
@@ -142,7 +144,9 @@ def main() -> int:
                 store.set(metadata_key(addresses[name]), document(name, notice))
                 started = time.monotonic()
                 rig.wait_until(
-                    lambda name=name: re.search(r"notice: \{", console(node, name)[marks[name] :]),
+                    lambda name=name, after=marks[name]: re.search(
+                        r"notice: \{", console(node, name)[after:]
+                    ),
                     timeout=60,
                     what=f"{name} to print its notice",
                     every=0.05,
