@@ -40,6 +40,13 @@ def browser() -> Browser:
         browser.close()
 
 
+@pytest.fixture(autouse=True)
+def served_as_make_run_serves_it(settings):
+    """DEBUG on, as under ``make run``: pages must behave the same (a form answered 400 keeps its
+    page and menu, whatever django-htmx would add in DEBUG)."""
+    settings.DEBUG = True
+
+
 @pytest.fixture
 def page(browser, live_server) -> Page:
     context = browser.new_context(base_url=live_server.url, viewport={"width": 1400, "height": 900})

@@ -40,6 +40,7 @@ def test_member_requests_a_vm_and_watches_it_start(
     error = page.locator("#id_gpu_count-error")
     expect(error).to_contain_text("NVSwitch sets allocate whole partitions of 1, 2, 4 or 8 GPUs")
     expect(page.locator("input[name=name]")).to_have_value("train-01")
+    expect(page.locator("nav.nav")).to_contain_text("My VMs")  # the page, menu and all, stays
     assert not VirtualMachine.objects.exists()
     screenshot(page, "tenant-vm-request-refused")
 
