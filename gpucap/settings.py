@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here: no CDN
     "django_htmx",
     "template_partials",
     "gpucap",
@@ -59,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "gpucap.web.errors.FriendlyErrorPages",
 ]
 
 ROOT_URLCONF = "gpucap.urls"
@@ -168,6 +170,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The docs pages' JavaScript and CSS come from this project's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # Two answers have a ``status`` of their own choices: a plan's keeps the name it had.
     "ENUM_NAME_OVERRIDES": {
         "StatusEnum": "gpucap.plans.models.Plan.Status",

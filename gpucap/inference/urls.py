@@ -7,7 +7,8 @@ app_name = "inference"
 # Included at the site root: a tenant's deployments live under its own page, like its VMs. The
 # router itself (/inference/<slug>/v1/...) is served in front of Django by gpucap/asgi.py.
 urlpatterns = [
-    path("inference/", views.deployment_list, name="deployment-list"),
+    # Not under /inference/: that prefix is the router's, in front of Django (gpucap/asgi.py).
+    path("deployments/", views.deployment_list, name="deployment-list"),
     path("tenants/<slug:slug>/inference/", views.tenant_deployments, name="tenant-deployments"),
     path(
         "tenants/<slug:slug>/inference/<slug:name>/",

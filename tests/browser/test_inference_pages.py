@@ -176,7 +176,7 @@ def test_operator_sees_every_deployment_per_pool(
 
     log_in(page, operator.username)
     page.get_by_role("link", name="Inference", exact=True).click()
-    expect(page).to_have_url(re.compile(r"/inference/$"))
+    expect(page).to_have_url(re.compile(r"/deployments/$"))
     pools = page.locator("section.pool-deployments")
     expect(pools).to_have_count(2)
     expect(pools.nth(0).locator(".group-head")).to_contain_text("h100-inference")

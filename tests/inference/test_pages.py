@@ -711,7 +711,7 @@ def test_the_load_of_every_deployment_on_a_page_is_one_redis_round_trip(
     member_client, operator_client, deploy, redis_round_trips, count
 ):
     many(deploy, count)
-    for client, url in ((member_client, tenant_url()), (operator_client, "/inference/")):
+    for client, url in ((member_client, tenant_url()), (operator_client, "/deployments/")):
         redis_round_trips.clear()
         response = client.get(url)
         assert response.status_code == 200

@@ -455,7 +455,7 @@ def test_operators_see_ready_replicas_across_the_fleet(
     replica(deployment, models.url)
     probe_round(django_capture_on_commit_callbacks)
 
-    page = operator_client.get("/inference/").content.decode()
+    page = operator_client.get("/deployments/").content.decode()
     assert "<dt>Ready replicas</dt><dd>2</dd>" in page
 
 
