@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from gpucap.portal import selectors
+from gpucap.portal import attention, selectors
 from gpucap.roles import is_operator
 from gpucap.tenancy import selectors as tenancy
 from gpucap.web.pages import operator_required, render_page, site_url, tenant_nav, wants_fragment
@@ -21,10 +21,11 @@ from gpucap.web.pages import operator_required, render_page, site_url, tenant_na
 @require_GET
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    """Operators go to the fleet; a member of one tenant to its page; a member of several
-    picks one; someone with no tenant yet is told whom to ask."""
+    """Operators see what needs their attention first; a member of one tenant goes to its
+    page; a member of several picks one; someone with no tenant yet is told whom to ask."""
     if is_operator(request.user):
-        return redirect("fleet:overview")
+        context = {"nav": "home", "attention": attention.attention()}
+        return render_page(request, "portal/operator_home.html", context, fragment="attention")
     tenants = tenancy.tenants_for(request.user)
     if len(tenants) == 1:
         return redirect("tenant-detail", slug=tenants[0].slug)

@@ -15,6 +15,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_operator_filters_the_fleet_and_cordons_a_node(page, operator, fleet_east):
     log_in(page, operator.username)
+    expect(page.locator("h1")).to_have_text("Needs attention")  # where operators land
+    screenshot(page, "operator-attention")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Fleet").click()
     expect(page.locator("h1")).to_have_text("Fleet")
     expect(page.get_by_text("h100-002", exact=True)).to_be_visible()
     screenshot(page, "operator-fleet-overview")

@@ -120,7 +120,7 @@ def test_operator_filters_every_tenants_vms(page, operator, tenant, other_tenant
         other_tenant, pools["l40s-ondemand"], nodes["l40s-001"], [2], name="g-run", ip="10.0.0.4"
     )
     log_in(page, operator.username)
-    page.get_by_role("link", name="VMs", exact=True).click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="VMs").click()
     expect(page.locator("h1")).to_have_text("VMs")
     expect(page.locator("tr.vm-row")).to_have_count(3)
     screenshot(page, "operator-vms")

@@ -34,12 +34,13 @@ def test_login_page_renders_a_form(client, db):
     assert "Capacity sets</a>" not in page  # no navigation before signing in
 
 
-def test_operator_signs_in_and_lands_on_the_fleet(client, operator):
+def test_operator_signs_in_and_lands_on_what_needs_attention(client, operator):
     response = client.post(
         reverse("login"), {"username": "olivia", "password": PASSWORD}, follow=True
     )
-    assert response.redirect_chain == [(reverse("home"), 302), (reverse("fleet:overview"), 302)]
+    assert response.redirect_chain == [(reverse("home"), 302)]
     assert response.status_code == 200
+    assert "Needs attention" in response.content.decode()
 
 
 def test_member_signs_in_and_lands_on_their_tenant(client, member):
