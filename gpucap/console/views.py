@@ -21,6 +21,7 @@ from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains
 from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
 from gpucap.plans.views import set_page_context
+from gpucap.rentals.selectors import gpu_holders
 from gpucap.web.pages import operator_required, render_page, wants_fragment
 
 
@@ -196,10 +197,14 @@ def _node_change_state(request: HttpRequest, cluster: str, hostname: str, change
 
 
 def _node_context(tile: selectors.NodeTile) -> dict:
+    """The node page: its GPUs each with the VM holding it (tenant, pool), its partitions,
+    recent changes and who holds a drain up. A fixed number of queries."""
     node = tile.node
+    holders = gpu_holders(node_id=node.pk)
     return {
         "nav": "fleet",
         "tile": tile,
+        "gpu_rows": [(square, holders.get(square.index)) for square in tile.squares],
         "node": node,
         "partition_table": selectors.partition_table(node),
         "events": events_for(node),

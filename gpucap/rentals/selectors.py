@@ -37,6 +37,17 @@ def vms_with_gpus() -> QuerySet[VirtualMachine]:
     return vms.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
 
 
+def gpu_holders(*, node_id: int) -> dict[int, VirtualMachine]:
+    """The VM holding each GPU of a node now, by GPU index, with its tenant and pool (and the
+    pool's deployment, for a replica). One query; a free GPU has no entry."""
+    live = (
+        Allocation.objects.filter(gpu__node_id=node_id, released_at=None)
+        .select_related("gpu", "vm__tenant", "vm__pool", "vm__deployment")
+        .order_by("gpu__index")
+    )
+    return {allocation.gpu.index: allocation.vm for allocation in live}
+
+
 def with_login_user(vms: QuerySet[VirtualMachine]) -> QuerySet[VirtualMachine]:
     """``vms`` with each one's ``login_user``: its catalogue image's default user (None without
     one), read in the same query, for ``vm_login_user``."""
