@@ -55,3 +55,24 @@ def test_tenant_member_sees_their_tenant_and_not_the_fleet(page, member, fleet_e
     screenshot(page, "tenant-landing")
     response = page.goto("/fleet/")
     assert response.status == 403
+
+
+def test_on_a_phone_the_menu_folds_behind_a_button(browser, live_server, operator, fleet_east):
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        log_in(page, operator.username)
+        menu = page.get_by_role("navigation", name="Main")
+        expect(menu).to_be_hidden()
+        width = page.evaluate("document.documentElement.scrollWidth")
+        screenshot(page, "phone-operator-landing")
+
+        page.get_by_role("button", name="Menu").click()
+        expect(menu).to_be_visible()
+        screenshot(page, "phone-operator-menu")
+        menu.get_by_role("link", name="Capacity sets").click()
+        expect(page.locator("h1")).to_have_text("Capacity sets")
+        assert width <= 390, f"the landing page is {width} px wide on a 390 px phone"
+    finally:
+        context.close()
