@@ -60,10 +60,19 @@ def test_tenant_member_is_refused_operator_pages(member_client, fleet_east, name
 
 def test_operator_nav_shows_operator_sections_and_role(operator_client, fleet_east):
     page = operator_client.get(reverse("fleet:overview")).content.decode()
-    for label in ("Fleet", "Capacity sets", "Audit log", "API docs", "Admin"):
+    for label in ("Fleet", "Capacity sets", "Audit log", "API docs"):
         assert f">{label}</a>" in page
+    assert ">Admin</a>" not in page  # Django admin would tell a non-superuser "no permission"
     assert "olivia" in page
     assert ">operator</span>" in page
+
+
+def test_a_superuser_operator_also_gets_the_admin(operator, client, fleet_east):
+    operator.is_superuser = True
+    operator.save(update_fields=["is_superuser"])
+    client.force_login(operator)
+
+    assert ">Admin</a>" in client.get(reverse("fleet:overview")).content.decode()
 
 
 # --- fleet overview ---------------------------------------------------------------------------
