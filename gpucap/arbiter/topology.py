@@ -34,6 +34,8 @@ def block_sizes(fabric: str) -> tuple[int, ...]:
 
 def gpu_count_problem(fabric: str, gpu_count: int) -> str | None:
     """Why a VM or demand of ``gpu_count`` GPUs cannot exist in a set of this fabric, or None."""
+    if gpu_count < 1:
+        return f"must be at least 1 GPU, got {gpu_count}"
     if fabric == "pcie":
         if gpu_count != 1:
             return (

@@ -167,7 +167,8 @@ def _settings_problems(values: dict, *, unknown: set[str]) -> dict[str, str]:
         values["min_replicas"] > values["max_replicas"]
     ):
         errors["min_replicas"] = (
-            f"must be at most max_replicas ({values['max_replicas']}), got {values['min_replicas']}"
+            f"must not exceed the maximum of {values['max_replicas']} replicas, "
+            f"got {values['min_replicas']}"
         )
     if not errors.keys() & {"target_in_flight", "replica_concurrency"} and (
         values["replica_concurrency"] < values["target_in_flight"]

@@ -294,7 +294,11 @@ def test_a_member_creates_a_deployment(member_api, member, tenant, inference_poo
 @pytest.mark.parametrize(
     ("overrides", "field", "reason"),
     [
-        ({"min_replicas": 3, "max_replicas": 2}, "min_replicas", "must be at most max_replicas"),
+        (
+            {"min_replicas": 3, "max_replicas": 2},
+            "min_replicas",
+            "exceed the maximum of 2 replicas",
+        ),
         ({"max_replicas": 0}, "max_replicas", "from 1 to 64"),
         ({"gpus_per_replica": 3}, "gpus_per_replica", "3 GPUs is not an NVLink partition size"),
         ({"gpus_per_replica": 16}, "gpus_per_replica", "16 GPUs is not an NVLink partition"),
@@ -446,7 +450,7 @@ def test_a_member_changes_the_range_and_replicas_follow_at_once(member_api, depl
 @pytest.mark.parametrize(
     ("changes", "field", "reason"),
     [
-        ({"min_replicas": 5}, "min_replicas", "must be at most max_replicas (2), got 5"),
+        ({"min_replicas": 5}, "min_replicas", "must not exceed the maximum of 2 replicas, got 5"),
         ({"max_replicas": 65}, "max_replicas", "from 1 to 64"),
         ({"replica_concurrency": 1}, "replica_concurrency", "at least target_in_flight (4)"),
         ({"min_replicas": "two"}, "min_replicas", "valid integer"),
