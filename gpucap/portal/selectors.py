@@ -16,6 +16,7 @@ from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.selectors import DeploymentList, tenant_deployments
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.selectors import with_open_notice
+from gpucap.plans.waiting import annotate_waiting
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.tenancy.models import Membership, Tenant
@@ -107,8 +108,8 @@ def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | Non
 
 def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
     """The tenant's live VMs (open notices first, then the newest), its deployments with
-    replica counts and load, and this month's GPU-hours per pool kind. Four queries and one
-    Redis round trip."""
+    replica counts and load, and this month's GPU-hours per pool kind. Four queries (two to
+    four more when a VM is pending: why it waits) and one Redis round trip."""
     now = now or timezone.now()
     vms = list(
         with_open_notice(vms_with_gpus())
@@ -119,7 +120,7 @@ def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
     since, until = month_bounds(now)
     hours = gpu_hours_by_pool_kind(tenant_id=tenant.pk, since=since, until=until, now=now)
     return PortalLive(
-        vms=vms[:PORTAL_VMS],
+        vms=annotate_waiting(vms[:PORTAL_VMS]),
         more_vms=len(vms) > PORTAL_VMS,
         deployments=tenant_deployments(tenant=tenant),
         usage=[

@@ -17,13 +17,19 @@ from rest_framework.response import Response
 from gpucap.api.base import InputSerializer, ServiceWrites
 from gpucap.api.permissions import IsOperator
 from gpucap.fleet.models import Node, Pool
-from gpucap.rentals import selectors, services
+from gpucap.rentals import selectors, services, waiting
 from gpucap.rentals.filters import VirtualMachineFilter
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
 # --- read -------------------------------------------------------------------------------------
+
+
+class WaitingSerializer(serializers.Serializer):
+    reason = serializers.CharField()
+    message = serializers.CharField()
+    starts_by = serializers.DateTimeField(allow_null=True)
 
 
 class VirtualMachineSerializer(serializers.ModelSerializer):
@@ -51,6 +57,12 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         help_text="How to log in while the VM runs (e.g. `ssh root@10.200.0.18`); null otherwise."
     )
 
+    waiting = serializers.SerializerMethodField(
+        help_text="Why a pending VM waits, null otherwise: `reason` (awaiting_approval, "
+        "gpus_being_freed, starting, no_capacity or standalone), `message` in words, and "
+        "`starts_by`, when it should start at the latest (only while GPUs are being freed)."
+    )
+
     class Meta:
         model = VirtualMachine
         fields = [
@@ -74,6 +86,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "gpus",
             "ip_address",
             "ssh_command",
+            "waiting",
             "requested_at",
             "started_at",
             "stopped_at",
@@ -85,6 +98,13 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
     def get_gpus(self, vm: VirtualMachine) -> list[int]:
         return selectors.gpu_indices(vm)
+
+    @extend_schema_field(WaitingSerializer(allow_null=True))
+    def get_waiting(self, vm: VirtualMachine) -> dict | None:
+        found = self.context.get("waiting")
+        if found is None:
+            found = waiting.waiting_for([vm])
+        return found.get(vm.pk)
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_ssh_command(self, vm: VirtualMachine) -> str | None:
@@ -194,6 +214,16 @@ class VirtualMachineViewSet(
         if getattr(self, "swagger_fake_view", False):
             return selectors.vms_with_gpus()
         return selectors.vms_visible_to(self.request.user).order_by("-created_at", "-id")
+
+    def get_serializer(self, *args, **kwargs):
+        """A page of VMs learns why its pending ones wait in one go (no query per VM)."""
+        if kwargs.get("many") and args:
+            args = (list(args[0]), *args[1:])
+            kwargs["context"] = {
+                **self.get_serializer_context(),
+                "waiting": waiting.waiting_for(args[0]),
+            }
+        return super().get_serializer(*args, **kwargs)
 
     def create(self, request, *args, **kwargs):
         data = self.validated(VmRequestSerializer, request.data)

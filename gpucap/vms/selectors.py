@@ -1,5 +1,6 @@
 """Reads for the VM pages: the VM lists, each VM with its open notice for the countdown a row
-shows (from gpucap.notices, which is why these reads live above rentals and notices). Each in a
+shows (from gpucap.notices) and why a pending one waits (from gpucap.plans), which is why these
+reads live above rentals, notices and plans. Each in a
 fixed number of queries. The reads of one VM are rentals' own (``gpucap.rentals.selectors``).
 """
 
@@ -10,6 +11,7 @@ from django.db.models import QuerySet
 
 from gpucap.fleet.models import Node, Pool
 from gpucap.notices.selectors import with_open_notice
+from gpucap.plans.waiting import annotate_waiting
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.tenancy.models import Tenant
@@ -39,14 +41,15 @@ class TenantVms:
 
 def tenant_vms(*, tenant: Tenant, include_terminated: bool = False) -> TenantVms:
     """A tenant's rentals, newest first; terminated ones only when asked for. Inference
-    replicas belong to their deployments and are shown there. Three queries."""
+    replicas belong to their deployments and are shown there. Three queries, and two to four more
+    when one of them is pending (why it waits)."""
     mine = {"tenant": tenant, "role": VirtualMachine.Role.RENTAL}
     vms = vms_with_notices().filter(**mine).order_by("-created_at", "-id")
     terminated = VirtualMachine.objects.filter(**mine, state=State.TERMINATED)
     if not include_terminated:
         vms = vms.exclude(state=State.TERMINATED)
     return TenantVms(
-        vms=list(vms),
+        vms=annotate_waiting(list(vms)),
         terminated_count=terminated.count(),
         include_terminated=include_terminated,
     )
@@ -84,7 +87,8 @@ def vm_page(
     *, tenant: str = "", pool: str = "", state: str = LIVE, node: int | None = None, page=1
 ) -> Page:
     """One page of VMs, newest first. ``tenant`` is a slug, ``pool`` a name, ``node`` an id.
-    Three queries (count, rows, GPUs)."""
+    Three queries (count, rows, GPUs), and two to four more when one of them is pending (why it
+    waits)."""
     vms = vms_with_notices().order_by("-created_at", "-id")
     if tenant:
         vms = vms.filter(tenant__slug=tenant)
@@ -94,5 +98,5 @@ def vm_page(
     if node is not None:
         vms = vms.filter(node_id=node)
     result = Paginator(vms, PAGE_SIZE).get_page(page)
-    result.object_list = list(result.object_list)
+    result.object_list = annotate_waiting(list(result.object_list))
     return result

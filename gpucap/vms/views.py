@@ -20,6 +20,7 @@ from gpucap.errors import Conflict
 from gpucap.notices import drains
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_seconds_for
+from gpucap.plans.waiting import vm_waiting
 from gpucap.rentals import selectors, services
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_ids_for
@@ -166,5 +167,6 @@ def _vm_context(request: HttpRequest, vm: VirtualMachine) -> dict:
         "events": selectors.vm_trail(vm=vm, user=request.user),
         "notice": InterruptionNotice.objects.filter(vm=vm, completed_at=None).first(),
         "notice_seconds": notice_seconds_for(vm) if is_operator(request.user) else None,
+        "waiting": vm_waiting(vm),
         "polling_fast": vm.state in selectors.TRANSITIONAL,
     }

@@ -212,7 +212,8 @@ def test_my_vms_runs_a_fixed_number_of_queries(
             ip=f"10.0.0.{index + 1}",
         )
     request_vm(tenant, pools["h100-spot"], name="waiting", gpu_count=8)
-    with django_assert_num_queries(9):
+    # ... and why the pending one waits: its pool's line, the plans that place it.
+    with django_assert_num_queries(11):
         response = member_client.get(tenant_vms_url())
     assert len(response.context["listing"].vms) == 9
 
@@ -590,8 +591,9 @@ def test_operator_list_is_paginated(operator_client, tenant, pools):
 def test_operator_list_runs_a_fixed_number_of_queries(
     operator_client, mixed_vms, tenant, pools, nodes, django_assert_num_queries
 ):
-    # session, user, operator group; filter options (tenants, pools, nodes); count, VMs, GPUs.
-    with django_assert_num_queries(9):
+    # session, user, operator group; filter options (tenants, pools, nodes); count, VMs, GPUs;
+    # why the pending VM waits (its pool's line, the plans that place it).
+    with django_assert_num_queries(11):
         operator_client.get(reverse("rentals:vm-list"))
     for index in range(2, 8):
         running_vm(
@@ -602,7 +604,7 @@ def test_operator_list_runs_a_fixed_number_of_queries(
             name=f"more-{index}",
             ip=f"10.0.1.{index}",
         )
-    with django_assert_num_queries(9):
+    with django_assert_num_queries(11):
         response = operator_client.get(reverse("rentals:vm-list"))
     assert response.context["page"].paginator.count == 10
 
