@@ -20,6 +20,7 @@ from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains, selectors
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals.models import VirtualMachine
+from gpucap.roles import is_operator
 
 # --- read -------------------------------------------------------------------------------------
 
@@ -40,6 +41,10 @@ class NoticeSerializer(serializers.ModelSerializer):
         help_text="The operator who issued it; null for the arbiter and the system.",
     )
     is_open = serializers.BooleanField(read_only=True)
+    message = serializers.SerializerMethodField(
+        help_text="Why, in words. Operators read the full reason (the arbiter's names the VM "
+        "and pool it reclaims for); a tenant's member reads it naming only their own resources."
+    )
     seconds_left = serializers.SerializerMethodField(
         help_text="Whole seconds until the deadline (0 once it passed); null once closed."
     )
@@ -66,6 +71,13 @@ class NoticeSerializer(serializers.ModelSerializer):
             "is_open",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField())
+    def get_message(self, notice: InterruptionNotice) -> str:
+        request = self.context.get("request")
+        if request is not None and is_operator(request.user):
+            return notice.message
+        return notice.tenant_message
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_seconds_left(self, notice: InterruptionNotice) -> int | None:
@@ -194,4 +206,8 @@ class VmReclaimView(OperatorCommand):
         notice = drains.vm_reclaim(
             vm=vm, actor=request.user, message=serializer.validated_data.get("message", "")
         )
-        return Response(NoticeSerializer(selectors.notices_with_vms().get(pk=notice.pk)).data)
+        return Response(
+            NoticeSerializer(
+                selectors.notices_with_vms().get(pk=notice.pk), context={"request": request}
+            ).data
+        )

@@ -60,3 +60,18 @@ class InterruptionNotice(models.Model):
     @property
     def is_open(self) -> bool:
         return self.completed_at is None
+
+    @property
+    def tenant_message(self) -> str:
+        """Why, in words a tenant may read: the operator's ``message`` can name another
+        tenant's VM and pool totals (the arbiter's reasons) or an operator's username."""
+        return TENANT_WORDS[self.reason]
+
+
+# What a VM's tenant reads about a notice: nothing of another tenant, nor of the pools' totals.
+TENANT_WORDS = {
+    InterruptionNotice.Reason.ARBITER: "reclaimed by the capacity arbiter for a "
+    "higher-priority pool",
+    InterruptionNotice.Reason.DRAIN: "the node is being drained for maintenance",
+    InterruptionNotice.Reason.RECLAIM: "reclaimed by an operator",
+}

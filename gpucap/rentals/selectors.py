@@ -4,6 +4,7 @@ A tenant member sees the VMs of their own tenants and nothing else: another tena
 a 404, as if it did not exist. Operators see every VM.
 """
 
+import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -156,4 +157,35 @@ def vm_trail(*, vm: VirtualMachine, user: AbstractBaseUser, limit: int = 100) ->
     for event in events:
         if event.actor_id is not None and event.actor_id not in members:
             event.actor_label = "operator"
+        if event.actor_id not in members:
+            event.message = tenant_safe_words(event.message, vm=vm, verb=event.verb)
+        event.changes = [c for c in event.changes if c.field not in OTHER_TENANTS_FIELDS]
     return events
+
+
+# What a VM's audit events may record of another tenant's VM: the one its GPUs went to.
+OTHER_TENANTS_FIELDS = frozenset({"preempted_for"})
+
+_ARBITER = re.compile(r"^plan \d+: ")
+_INSTANCE_ID = re.compile(r"\bvm-\d+\b")
+_ARBITER_WORDS = {
+    "vm.notified": "reclaimed by the capacity arbiter for a higher-priority pool",
+    "notice.arbiter": "reclaimed by the capacity arbiter for a higher-priority pool",
+    "vm.stopping": "stopped by the capacity arbiter for a higher-priority pool",
+    "vm.provisioning": "placed by the capacity arbiter",
+}
+
+
+def tenant_safe_words(message: str, *, vm: VirtualMachine, verb: str) -> str:
+    """A system's or operator's words about ``vm`` as its tenant may read them: the arbiter's
+    reasons (which name the VM and pool it reclaims for, and the pools' totals) in plain words,
+    a standalone preemption without its beneficiary, an operator without their username, and
+    any other VM's id as "another VM"."""
+    if _ARBITER.match(message):
+        return _ARBITER_WORDS.get(verb, "changed by the capacity arbiter")
+    if message.startswith("preempted without notice for "):
+        return "preempted without notice for a higher-priority pool outside a capacity set"
+    if message.startswith("reclaimed by "):
+        return "reclaimed by an operator"
+    own = vm.instance_id
+    return _INSTANCE_ID.sub(lambda m: m.group(0) if m.group(0) == own else "another VM", message)
