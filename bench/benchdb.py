@@ -52,10 +52,17 @@ def database_drop(database_url: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
 
-def redis_flush(redis_url: str) -> None:
+def redis_forget(redis_url: str, queue: str) -> None:
+    """Delete what a bench leaves in its Redis database: gpucap's keys (cache, metadata,
+    inference, all under ``gpucap:``) and its own Celery queue. Never the whole database:
+    other programs may share it."""
     import redis
 
-    redis.Redis.from_url(redis_url).flushdb()
+    from gpucap.redis_clients import keys_delete
+
+    client = redis.Redis.from_url(redis_url)
+    keys_delete(client, "gpucap:*")
+    client.delete(queue)
 
 
 def vacuum_analyze() -> None:

@@ -105,10 +105,11 @@ def write_documents(guests: list[str]) -> set[str]:
     """The documents gpucap.notices.cache keeps, straight into the bench's Redis database."""
     import redis
 
-    from gpucap.notices.cache import metadata_key, utc_z
+    from gpucap.notices.cache import KEY_PREFIX, metadata_key, utc_z
+    from gpucap.redis_clients import keys_delete
 
     client = redis.Redis.from_url(ENV["METADATA_REDIS_URL"])
-    client.flushdb()
+    keys_delete(client, f"{KEY_PREFIX}*")  # gpucap's documents only: the database is shared
     now = datetime.now(UTC)
     notified = set()
     pipe = client.pipeline(transaction=False)

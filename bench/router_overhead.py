@@ -137,9 +137,10 @@ def write_documents(base: str) -> str:
     import redis
 
     from gpucap.inference import cache, keys
+    from gpucap.redis_clients import keys_delete
 
     client = redis.Redis.from_url(ENV["INFERENCE_REDIS_URL"])
-    client.flushdb()
+    keys_delete(client, f"{cache.PREFIX}*")  # gpucap's documents only: the database is shared
     route = {
         "deployment": 1,
         "slug": SLUG,

@@ -134,7 +134,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     if not args.reuse:
         benchdb.database_create(env["DATABASE_URL"])
-    benchdb.redis_flush(env["REDIS_URL"])
+    benchdb.redis_forget(env["REDIS_URL"], env["CELERY_TASK_DEFAULT_QUEUE"])
     try:
         import django
 
@@ -151,7 +151,7 @@ def main() -> int:
             print(f"\nkept database {DB_NAME} (--reuse measures it again; drop it when done)")
         else:
             benchdb.database_drop(env["DATABASE_URL"])
-        benchdb.redis_flush(env["REDIS_URL"])
+        benchdb.redis_forget(env["REDIS_URL"], env["CELERY_TASK_DEFAULT_QUEUE"])
         static_root.cleanup()
 
 

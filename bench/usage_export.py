@@ -58,7 +58,7 @@ def main() -> int:
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     benchdb.database_create(env["DATABASE_URL"])
-    benchdb.redis_flush(env["REDIS_URL"])
+    benchdb.redis_forget(env["REDIS_URL"], env["CELERY_TASK_DEFAULT_QUEUE"])
     try:
         import django
 
@@ -72,7 +72,7 @@ def main() -> int:
 
         connections.close_all()
         benchdb.database_drop(env["DATABASE_URL"])
-        benchdb.redis_flush(env["REDIS_URL"])
+        benchdb.redis_forget(env["REDIS_URL"], env["CELERY_TASK_DEFAULT_QUEUE"])
         static_root.cleanup()
 
 

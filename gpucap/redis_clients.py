@@ -44,3 +44,18 @@ def shared_redis() -> redis.Redis:
 def async_redis(url: str) -> aioredis.Redis:
     """A new asyncio client: the caller keeps one per event loop (``gpucap.edge.loops.PerLoop``)."""
     return aioredis.Redis.from_url(url)
+
+
+def keys_delete(client: redis.Redis, pattern: str) -> int:
+    """Delete the keys matching ``pattern`` (a glob such as ``gpucap:inference:*``), in batches,
+    never the rest of the database: other programs may share it. Returns how many went."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) == 500:
+            deleted += client.delete(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.delete(*batch)
+    return deleted

@@ -5,6 +5,7 @@ dialog; an operator sees every tenant's deployments per pool. No Celery worker r
 test moves a replica along through the services and sets the router's counters, as a worker and
 the router would."""
 
+import os
 import re
 import time
 
@@ -15,6 +16,7 @@ from gpucap.fleet import services as fleet
 from gpucap.inference import cache
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
+from gpucap.redis_clients import keys_delete
 from gpucap.rentals import services as rentals
 from tests.browser.conftest import log_in, screenshot
 from tests.inference import conftest as inference_fixtures
@@ -24,16 +26,18 @@ inference_pools = inference_fixtures.inference_pools
 # The router's documents and counters go to a Redis database of this module's own: the
 # inference tests empty theirs (tests/inference/conftest.py) before and after each test, and a
 # run of them alongside would wipe the counters these pages are watching.
-BROWSER_INFERENCE_REDIS = "redis://127.0.0.1:6379/12"
+BROWSER_INFERENCE_REDIS = os.environ.get(
+    "TEST_BROWSER_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/12"
+)
 
 
 @pytest.fixture(autouse=True)
 def inference_redis(settings):
     settings.INFERENCE_REDIS_URL = BROWSER_INFERENCE_REDIS
     client = cache.inference_redis()
-    client.flushdb()
+    keys_delete(client, f"{cache.PREFIX}*")
     yield client
-    client.flushdb()
+    keys_delete(client, f"{cache.PREFIX}*")
 
 
 SECRET = re.compile(r"^gpk_[A-Za-z0-9]{10}_[A-Za-z0-9]{40}$")

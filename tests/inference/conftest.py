@@ -2,23 +2,28 @@
 a standalone inference pool on the cluster's A100 node; the router's Redis documents go to a
 Redis database of the tests' own."""
 
+import os
+
 import pytest
 
 from gpucap.fleet import services as fleet
 from gpucap.inference import cache
 from gpucap.inference import services as inference
+from gpucap.redis_clients import keys_delete
 
-INFERENCE_TEST_REDIS = "redis://127.0.0.1:6379/13"
+# The Redis database the inference tests write their documents to (TEST_INFERENCE_REDIS_URL).
+INFERENCE_TEST_REDIS = os.environ.get("TEST_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 @pytest.fixture(autouse=True)
 def inference_redis(settings):
-    """Each test starts with no route, key or counter documents."""
+    """Each test starts with no route, key or counter documents (only gpucap's inference keys
+    are deleted: other programs may share the database)."""
     settings.INFERENCE_REDIS_URL = INFERENCE_TEST_REDIS
     client = cache.inference_redis()
-    client.flushdb()
+    keys_delete(client, f"{cache.PREFIX}*")
     yield client
-    client.flushdb()
+    keys_delete(client, f"{cache.PREFIX}*")
 
 
 @pytest.fixture
