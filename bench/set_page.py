@@ -208,6 +208,15 @@ class BenchFleet:
         self.operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
         self.tenants = {slug: Tenant.objects.create(slug=slug, name=name) for slug, name in TENANTS}
         self.cluster = fleet.cluster_create(name="bench", actor=self.operator)
+        # The catalogue the VMs below choose from: a rental image and a replica image.
+        for name, ports in (("ubuntu-24.04-cuda-12.6", []), ("gpucap-model-server", [8000])):
+            fleet.image_create(
+                cluster=self.cluster,
+                name=name,
+                base_image=f"/var/lib/gpucap/images/{name}.qcow2",
+                ports=ports,
+                actor=self.operator,
+            )
         self.capacity_set = fleet.capacity_set_create(
             cluster=self.cluster,
             name=SET_NAME,
