@@ -27,8 +27,9 @@ process, so the times are server time: middleware, view, selectors, SQL and temp
 (no network, no browser). REQUESTS requests after WARMUPS warm-ups; median and p90, the
 queries of one request (``CaptureQueriesContext``), and where the median request's time goes:
 SQL (every query's execute time) and render (the template's render, lazy queries included).
-The same for the HTMX refresh (``HX-Request: true``, the live fragment only), the plan part's
-own refresh (``plans:live``) and the what-if preview POST (pool ``bench-ondemand`` asks for 32
+The same for the page's one poll (``fleet:capacity-set-live``, issue 15: every live region
+when something changed, measured with a stale key; 204 when nothing did, measured with the
+page's own key) and the what-if preview POST (pool ``bench-ondemand`` asks for 32
 more GPUs in 8-GPU blocks). Wall times move with the machine's load (printed per size); the
 CPU column (this process's CPU time per request) moves much less.
 
@@ -507,23 +508,31 @@ def measure(fleet: BenchFleet) -> dict:
     client = Client()
     client.force_login(fleet.operator)
 
-    def get(url: str, **headers):
+    def get(url: str, status: int = 200, **headers):
         def send():
             response = client.get(url, headers=headers)
-            if response.status_code != 200:
-                raise SystemExit(f"GET {url} answered {response.status_code}")
+            if response.status_code != status:
+                raise SystemExit(f"GET {url} answered {response.status_code}, not {status}")
             return response
 
         return send
 
     page = reverse("fleet:capacity-set-detail", args=[SET_NAME])
-    measured = {
-        "page": timed_requests(get(page)),
-        "fragment": timed_requests(get(page, HX_Request="true")),
-    }
-    live = set_url("plans:live")
-    if live is not None:  # the plan part's own refresh; without ``since`` it always renders
-        measured["plan part"] = timed_requests(get(live, HX_Request="true"))
+    measured = {"page": timed_requests(get(page))}
+    poll = set_url("fleet:capacity-set-live")
+    if poll is not None:
+        # The page's one poll (every 5 s per open page): with a stale key it renders every live
+        # region; with the page's own key it finds nothing new and answers 204.
+        measured["poll"] = timed_requests(get(f"{poll}?since=stale", HX_Request="true"))
+        key = client.get(page).context["live_key"]
+        measured["poll 204"] = timed_requests(
+            get(f"{poll}?since={key}", status=204, HX_Request="true")
+        )
+    else:  # before issue 15: the page's HTMX refresh and the plan part's own
+        measured["fragment"] = timed_requests(get(page, HX_Request="true"))
+        live = set_url("plans:live")
+        if live is not None:
+            measured["plan part"] = timed_requests(get(live, HX_Request="true"))
     what_if = what_if_request(client, fleet)
     if what_if is not None:
         measured["what-if"] = timed_requests(what_if)
@@ -531,8 +540,8 @@ def measure(fleet: BenchFleet) -> dict:
 
 
 def set_url(name: str) -> str | None:
-    """The URL of one of the set page's parts (``plans:what-if``, ``plans:live``), or None
-    while the page has no such part."""
+    """The URL of one of the set page's parts (``plans:what-if``, ``fleet:capacity-set-live``),
+    or None while the page has no such part."""
     from django.urls import NoReverseMatch, reverse
 
     try:
@@ -637,8 +646,9 @@ def report(rows) -> None:
             )
     print(
         "\n(held: share of the set's GPUs held by running VMs; VMs: running; demands: pending "
-        "VMs;\n preempt: reclaims in the plan; page: the full page; fragment: its HTMX refresh "
-        "(HX-Request);\n plan part: the plan's own HTMX refresh; what-if: the preview form's POST "
+        "VMs;\n preempt: reclaims in the plan; page: the full page; poll: its live regions (what "
+        "the 5 s\n poll gets after a change); poll 204: the poll when nothing changed; what-if: "
+        "the preview form's POST "
         "(32 GPUs in 8s);\n SQL and render: of the median request (render includes the queries "
         "the template runs);\n CPU ms: median CPU time of this process per request (view and "
         "template, without\n PostgreSQL's own work; steadier than wall time on a busy machine); "
@@ -677,7 +687,7 @@ def verdict(rows) -> int:
             return "not compared (one size)"
         return "NOT fixed" if any(kind in growing for kind in kinds) else "fixed"
 
-    page_queries = queries("page", "fragment", "plan part")
+    page_queries = queries("page", "poll", "poll 204", "fragment", "plan part")
     median = measured["page"]["median"]
     met = page_queries == "fixed" and median < GOAL_MS
     print(f"{goal}: {'met' if met else 'not met'} (page {median:.0f} ms, queries {page_queries})")

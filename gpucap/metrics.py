@@ -67,6 +67,12 @@ PLANS_MADE = SharedCounter(
     "Plans the arbiter made, by capacity set and the set's mode at the time.",
     ("set", "mode"),
 )
+PLANS_FOLDED = SharedCounter(
+    "gpucap_plans_folded",
+    "Replans that found the set's latest plan again with nothing to do, folded into it instead "
+    "of being stored, by capacity set.",
+    ("set",),
+)
 PLANS_APPLIED = SharedCounter(
     "gpucap_plans_applied",
     "Plans applied, by capacity set and mode (dry_run: approved by an operator; enforce: "
@@ -83,7 +89,13 @@ CELERY_TASK_RETRIES = SharedCounter(
     "Celery task retries asked for, by task name.",
     ("task",),
 )
-SHARED_COUNTERS = (PLANS_MADE, PLANS_APPLIED, CELERY_TASK_FAILURES, CELERY_TASK_RETRIES)
+SHARED_COUNTERS = (
+    PLANS_MADE,
+    PLANS_FOLDED,
+    PLANS_APPLIED,
+    CELERY_TASK_FAILURES,
+    CELERY_TASK_RETRIES,
+)
 
 
 def shared_count(counter: SharedCounter, /, **labels: str) -> None:

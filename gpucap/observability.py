@@ -144,6 +144,7 @@ class SharedCountersCollector:
         tasks = _task_names()
         known = {
             metrics.PLANS_MADE: [(s, m) for s in sets for m in CapacitySet.Mode.values],
+            metrics.PLANS_FOLDED: [(s,) for s in sets],
             metrics.PLANS_APPLIED: [(s, m) for s in sets for m in CapacitySet.Mode.values],
             metrics.CELERY_TASK_FAILURES: [(t,) for t in tasks],
             metrics.CELERY_TASK_RETRIES: [(t,) for t in tasks],

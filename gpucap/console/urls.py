@@ -9,6 +9,7 @@ urlpatterns = [
     path("", views.fleet_overview, name="overview"),
     path("sets/", views.capacity_set_list, name="capacity-set-list"),
     path("sets/<slug:name>/", views.capacity_set_detail, name="capacity-set-detail"),
+    path("sets/<slug:name>/live/", views.capacity_set_live, name="capacity-set-live"),
     path("sets/<slug:name>/drain/", views.capacity_set_drain, name="capacity-set-drain"),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),

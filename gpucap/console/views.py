@@ -6,12 +6,14 @@ Views adapt the request and call selectors (reads) or services (changes); nothin
 decides a rule of the fleet.
 """
 
+from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.audit.selectors import events_for
@@ -20,9 +22,11 @@ from gpucap.fleet import selectors, services
 from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains
 from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
-from gpucap.plans.views import set_page_context
+from gpucap.plans.views import SET_CHANGED, set_page_context, what_if_context
 from gpucap.rentals.selectors import gpu_holders
-from gpucap.web.pages import operator_required, render_page, wants_fragment
+from gpucap.usage.views import allocation_context
+from gpucap.web.live import content_key
+from gpucap.web.pages import operator_required, render_page
 
 
 class FleetFilterForm(forms.Form):
@@ -94,28 +98,64 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @operator_required
 def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
-    """The set: its arbiter (mode, pool bars, latest plan, history, what-if; gpucap.plans.views)
-    and its nodes. A fixed number of queries whatever the set's size."""
-    context = _set_context(name, whole_page=not wants_fragment(request))
-    return render_page(request, "console/capacity_set_detail.html", context, fragment="set-live")
+    """The set: its header, its arbiter (mode, pool bars, the plan in flight, the latest plan,
+    history; gpucap.plans.views), its pools and nodes and its allocation chart, all live, and
+    the what-if form. A fixed number of queries whatever the set's size."""
+    return _set_page(request, name)
+
+
+@require_GET
+@operator_required
+def capacity_set_live(request: HttpRequest, name: str) -> HttpResponse:
+    """The set page's poll: 204 while the page shows what a fresh render would (``since`` is
+    the key of what it shows), else every live region, each replacing itself out of band, and
+    the poll with the new key. Opened as a page, it leads to the set page."""
+    if not request.htmx:
+        return redirect("fleet:capacity-set-detail", name=name)
+    regions = _set_regions(request, name)
+    if request.GET.get("since") == regions.key:
+        response = HttpResponse(status=204)
+    else:
+        context = {"overview": regions.context["overview"], "live_key": regions.key}
+        poll = render_to_string("console/set_poll.html", context, request=request)
+        response = HttpResponse(regions.html + poll)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @require_POST
 @operator_required
 def capacity_set_drain(request: HttpRequest, name: str) -> HttpResponse:
-    """Drain every node of the set; answer with the refreshed set (or why nothing changed)."""
+    """Drain every node of the set. Under HTMX the answer is what happened, for the page's
+    alert, and the event that makes the page's poll show the draining set at once."""
     capacity_set = get_object_or_404(CapacitySet, name=name)
-    error, status = "", 200
+    alert, status = "", 200
     try:
         drains.capacity_set_drain(capacity_set=capacity_set, actor=request.user)
     except Conflict as exc:
-        error, status = exc.message, 409
-    if status == 200 and not request.htmx:
+        alert, status = f"Not changed: {exc.message}", 409
+    if request.htmx:
+        response = render(request, "plans/alert.html", {"alert": alert}, status=status)
+        response["HX-Trigger"] = SET_CHANGED
+        return response
+    if status == 200:
         return redirect("fleet:capacity-set-detail", name=name)
-    context = {**_set_context(name, whole_page=not wants_fragment(request)), "error": error}
-    return render_page(
-        request, "console/capacity_set_detail.html", context, fragment="set-live", status=status
-    )
+    return _set_page(request, name, alert=alert, status=status)
+
+
+def _set_page(
+    request: HttpRequest, name: str, *, alert: str = "", status: int = 200
+) -> HttpResponse:
+    regions = _set_regions(request, name)
+    capacity_set, pools = regions.context["capacity_set"], regions.context["overview"].pools
+    context = {
+        **regions.context,
+        **what_if_context(capacity_set, pools=pools),
+        "regions": regions.html,
+        "live_key": regions.key,
+        "alert": alert,
+    }
+    return render(request, "console/capacity_set_detail.html", context, status=status)
 
 
 # Up to this many nodes the set page draws every GPU; a larger set gets a count per node state
@@ -123,20 +163,28 @@ def capacity_set_drain(request: HttpRequest, name: str) -> HttpResponse:
 GRID_NODE_LIMIT = 64
 
 
-def _set_context(name: str, *, whole_page: bool = True) -> dict:
-    """What the set page shows (only the nodes part, ``set-live``, unless ``whole_page``), in a
-    fixed number of queries whatever the set's size."""
+@dataclass(frozen=True)
+class SetRegions:
+    """The live regions of a set page, rendered, the context they were rendered with, and the
+    key of what they show (the chart counts by its last step, not its averages, which move with
+    the clock: it is redrawn with any other change, and when a new step begins)."""
+
+    html: str
+    context: dict
+    key: str
+
+
+def _set_regions(request: HttpRequest, name: str) -> SetRegions:
+    """Every live region of the set page, in a fixed number of queries whatever the set's size:
+    the nodes and pools, the arbiter's plans, and the allocation chart over the span the page
+    shows (``days``)."""
     set_nodes = selectors.capacity_set_nodes(name=name, grid_limit=GRID_NODE_LIMIT)
     overview, capacity_set = set_nodes.overview, set_nodes.overview.capacity_set
     draining = [node for node in set_nodes.nodes if node.state == Node.State.DRAINING]
     blockers = drain_blockers_by_node(draining)  # two queries for all of them
-    arbiter = (
-        set_page_context(capacity_set, pools=overview.pools, gpu_total=overview.totals.gpus)
-        if whole_page
-        else {}
-    )
-    return {
-        **arbiter,
+    context = {
+        **set_page_context(capacity_set, pools=overview.pools, gpu_total=overview.totals.gpus),
+        **allocation_context(capacity_set, days=request.GET.get("days", "")),
         "nav": "capacity_sets",
         "overview": overview,
         # A cordoned node may still be drained on its own page; the set's button is for a
@@ -148,6 +196,13 @@ def _set_context(name: str, *, whole_page: bool = True) -> dict:
         "node_states": set_nodes.states,
         "grid_query": urlencode({"capacity_set": capacity_set.name}),
     }
+    html = render_to_string("console/set_regions.html", context, request=request)
+    chart = render_to_string("console/set_chart.html", context, request=request)
+    return SetRegions(
+        html=html + chart,  # safe: both rendered by the template engine
+        context=context,
+        key=content_key(html, context["chart_step"]),
+    )
 
 
 @require_GET

@@ -135,6 +135,8 @@ class PlanSerializer(serializers.ModelSerializer):
             "pools",
             "digest",
             "planning_ms",
+            "replans",
+            "replanned_at",
             "created_at",
             "approved_by",
             "approved_at",

@@ -13,7 +13,10 @@ from gpucap.tenancy.models import Tenant
 
 class Plan(models.Model):
     class Status(models.TextChoices):
-        PROPOSED = "proposed", "Proposed"  # the latest plan, not applied (yet)
+        PROPOSED = "proposed", "Proposed"  # the latest plan, waiting to be applied
+        # Made, but it places nothing and reclaims nothing: never applied, approved or audited.
+        # An identical replan folds into it (``replans``) instead of adding a row.
+        NOTHING = "nothing", "Nothing to do"
         APPLIED = "applied", "Applied"  # approved by an operator, or made under enforcement
         SUPERSEDED = "superseded", "Superseded"  # a newer plan replaced it before it was applied
         REFUSED = "refused", "Refused"  # an apply found the set changed; nothing was done
@@ -44,6 +47,14 @@ class Plan(models.Model):
     # What the plan does, as a stable digest: two plans with the same digest act the same.
     digest = models.CharField(max_length=64)
     planning_ms = models.PositiveIntegerField(default=0)
+    replans = models.PositiveIntegerField(
+        default=0,
+        help_text="Replans that found exactly this plan again (nothing to do) and were folded "
+        "into it instead of being stored.",
+    )
+    replanned_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the latest folded replan was made."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
@@ -57,7 +68,7 @@ class Plan(models.Model):
         indexes = [models.Index(fields=["capacity_set", "-created_at"])]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["proposed", "applied", "superseded", "refused"]),
+                condition=Q(status__in=["proposed", "nothing", "applied", "superseded", "refused"]),
                 name="plan_status_valid",
             ),
             models.CheckConstraint(
@@ -81,6 +92,11 @@ class Plan(models.Model):
     @property
     def has_actions(self) -> bool:
         return bool(self.placements or self.preemptions)
+
+    @property
+    def checked_at(self):
+        """When the arbiter last found this plan: made, or found again by a folded replan."""
+        return self.replanned_at or self.created_at
 
 
 class PlanAction(models.Model):

@@ -1,11 +1,11 @@
 """Reads of plans for the capacity set page and the API, each a fixed number of queries."""
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
 from gpucap.fleet.models import CapacitySet, Gpu, Pool
+from gpucap.notices.models import InterruptionNotice
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals.models import Allocation, VirtualMachine
 
@@ -130,6 +130,10 @@ class PlanLines:
     actions: list[PlanAction]
     progress: dict[tuple[str, str], int]  # (kind, progress) -> lines, over all the plan's lines
     limit: int | None = None
+    # An applied plan: its notices by victim VM id (each preemption line's countdown or outcome)
+    # and how many of its placed VMs are still booting.
+    notices: dict[int, InterruptionNotice] = field(default_factory=dict)
+    booting: int = 0
 
     @property
     def balances(self) -> list["PoolBalance"]:
@@ -178,10 +182,24 @@ class PlanLines:
     def placements_missed(self) -> int:
         return self.progress.get((PlanAction.Kind.PLACEMENT, PlanAction.Progress.MISSED), 0)
 
+    @property
+    def notices_open(self) -> int:
+        return sum(1 for notice in self.notices.values() if notice.completed_at is None)
+
+    @property
+    def in_flight(self) -> bool:
+        """An applied plan not done yet: a notice still counting down, a placement waiting for
+        its victims, or a placed VM still booting."""
+        return bool(self.notices_open or self.placements_waiting or self.booting)
+
+
+# A placement line whose VM is still booting.
+BOOTING = Q(kind=PlanAction.Kind.PLACEMENT, vm__state=VirtualMachine.State.PROVISIONING)
+
 
 def plan_lines(plan: Plan, *, limit: int | None = None) -> PlanLines:
-    """A plan with its lines (the first ``limit`` of each kind, or all) and its progress counts.
-    Two queries."""
+    """A plan with its lines (the first ``limit`` of each kind, or all) and its progress counts:
+    two queries, and one more for an applied plan's notices."""
     actions = plan.actions.all()
     if limit is not None:
         # Positions count from 0 within each kind: one query takes the head of every kind.
@@ -190,17 +208,29 @@ def plan_lines(plan: Plan, *, limit: int | None = None) -> PlanLines:
         plan.actions.exclude(progress="")
         .order_by()
         .values_list("kind", "progress")
-        .annotate(n=Count("pk"))
+        .annotate(n=Count("pk"), booting=Count("pk", filter=BOOTING))
     )
+    counts = {(kind, state): (n, booting) for kind, state, n, booting in progress}
+    notices = {}
+    if plan.status == Plan.Status.APPLIED and plan.preemptions:
+        # Each victim's notice from this plan (a VM has one at a time; the newest wins).
+        for notice in InterruptionNotice.objects.filter(plan=plan).order_by("issued_at", "pk"):
+            notices[notice.vm_id] = notice
+    lines = list(
+        actions.select_related(
+            "vm", "for_vm", "tenant", "pool", "node", "vm__tenant", "for_vm__tenant"
+        ).order_by("kind", "position")
+    )
+    for line in lines:
+        # A preemption line's notice (its countdown or how it ended), for the progress column.
+        line.notice = notices.get(line.vm_id) if line.kind == PlanAction.Kind.PREEMPTION else None
     return PlanLines(
         plan=plan,
-        actions=list(
-            actions.select_related(
-                "vm", "for_vm", "tenant", "pool", "node", "vm__tenant", "for_vm__tenant"
-            ).order_by("kind", "position")
-        ),
-        progress={(kind, state): n for kind, state, n in progress},
+        actions=lines,
+        progress={key: n for key, (n, _) in counts.items()},
         limit=limit,
+        notices=notices,
+        booting=counts.get((PlanAction.Kind.PLACEMENT, PlanAction.Progress.DONE), (0, 0))[1],
     )
 
 
@@ -213,6 +243,14 @@ class SetPlans:
     latest: PlanLines | None
     bars: list[PoolBar]
     history: list[Plan]
+    # The newest applied plan that acts, while it is still in flight and no longer the latest:
+    # pinned above the latest plan so its countdowns and placements can be watched to the end.
+    pinned: PlanLines | None = None
+
+    @property
+    def folded(self) -> int:
+        """Identical replans folded into the plans of the history."""
+        return sum(plan.replans for plan in self.history)
 
     @property
     def proposal(self) -> Plan | None:
@@ -221,29 +259,14 @@ class SetPlans:
             return self.latest.plan
         return None
 
-    @property
-    def key(self) -> str:
-        """Changes whenever anything the live part of the page shows changes, so a poll that
-        finds the same key has nothing new to show."""
-        parts: list = [self.capacity_set.generation, self.capacity_set.mode]
-        if self.latest is not None:
-            plan = self.latest.plan
-            parts += [
-                plan.pk,
-                plan.status,
-                plan.approved_by_id,
-                sorted(self.latest.progress.items()),
-            ]
-        parts += [(bar.held_gpus, bar.pending_gpus, bar.after_gpus) for bar in self.bars]
-        return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
 
 def capacity_set_plans(
     *, capacity_set: CapacitySet, pools: list[Pool] | None = None, gpu_total: int | None = None
 ) -> SetPlans:
     """The set's plans for its page: five queries (history; the latest plan's first lines and
     its progress; held and pending GPUs), plus one each for ``pools`` and ``gpu_total`` when the
-    caller has not read them already. The latest plan is the first of the history."""
+    caller has not read them already, one for an applied latest plan's notices and three for a
+    pinned plan. The latest plan is the first of the history."""
     if pools is None:
         pools = list(capacity_set.pools.order_by("rank"))
     if gpu_total is None:
@@ -257,7 +280,16 @@ def capacity_set_plans(
         latest=latest,
         bars=pool_bars(capacity_set=capacity_set, pools=pools, plan=shown, gpu_total=gpu_total),
         history=history,
+        pinned=_pinned(history),
     )
+
+
+def _pinned(history: list[Plan]) -> PlanLines | None:
+    applied = next((p for p in history if p.status == Plan.Status.APPLIED and p.has_actions), None)
+    if applied is None or applied is history[0]:
+        return None
+    lines = plan_lines(applied, limit=PREVIEW_LINES)
+    return lines if lines.in_flight else None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from gpucap import arbiter, locks, metrics
@@ -123,6 +124,9 @@ def plan_make(*, capacity_set: CapacitySet, trigger: str = Plan.Trigger.OPERATOR
 
 
 def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
+    """The set's plan for its current generation. A plan that places nothing and reclaims
+    nothing, found again exactly as the latest one, folds into it (its ``replans`` count) and
+    is neither stored as a new row nor applied nor audited."""
     latest = latest_plan(capacity_set=capacity_set)
     if latest is not None and latest.generation == _generation(capacity_set.pk):
         return latest  # nothing a plan depends on changed since
@@ -130,6 +134,14 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
     started = timezone.now()
     result = arbiter.plan(snap.snapshot)
     elapsed_ms = int((timezone.now() - started).total_seconds() * 1000)
+    acts = bool(result.placements or result.preemptions)
+    if (
+        not acts
+        and latest
+        and latest.status == Status.NOTHING
+        and _leaves_same(latest, snap, result)
+    ):
+        return _fold(latest, snap, result)
     Plan.objects.filter(capacity_set=capacity_set, status=Status.PROPOSED).update(
         status=Status.SUPERSEDED
     )
@@ -137,6 +149,7 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         capacity_set=capacity_set,
         generation=snap.generation,
         mode=capacity_set.mode,
+        status=Status.PROPOSED if acts else Status.NOTHING,
         trigger=trigger,
         complete=result.complete,
         demands=len(snap.snapshot.demands),
@@ -160,6 +173,38 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         plan.unsatisfied,
     )
     return plan
+
+
+def _leaves_same(latest: Plan, snap: SetSnapshot, result: am.Plan) -> bool:
+    """Whether ``result``, which does nothing, leaves the same demands unsatisfied for the same
+    reasons as ``latest`` (the pools' numbers may differ: a plan that does nothing changes none)."""
+    vms = snap.vms
+    unsatisfied = {(vms[u.demand].pk, u.reason) for u in result.unsatisfied}
+    before = set(latest.actions.filter(kind=Kind.UNSATISFIED).values_list("vm_id", "reason"))
+    return latest.complete == result.complete and before == unsatisfied
+
+
+def _fold(latest: Plan, snap: SetSnapshot, result: am.Plan) -> Plan:
+    """The replan found ``latest`` again: it now stands for the set's current generation (with
+    the pools' current numbers); one more replan is counted on it."""
+    now = timezone.now()
+    Plan.objects.filter(pk=latest.pk).update(
+        generation=snap.generation,
+        pools=pool_balances(snap, result),
+        demands=len(snap.snapshot.demands),
+        replans=F("replans") + 1,
+        replanned_at=now,
+    )
+    latest.refresh_from_db()
+    metrics.shared_count_on_commit(metrics.PLANS_FOLDED, set=latest.capacity_set.name)
+    logger.debug(
+        "capacity set %s generation %s: nothing to do, as in plan %s (%s replans folded)",
+        latest.capacity_set.name,
+        latest.generation,
+        latest.pk,
+        latest.replans,
+    )
+    return latest
 
 
 def consistent_snapshot(
@@ -288,6 +333,11 @@ def plan_approve(*, plan: Plan, actor: Actor) -> Plan:
     with transaction.atomic():
         locks.xact_lock(locks.CAPACITY_SET, plan.capacity_set_id)
         plan = Plan.objects.select_related("capacity_set").get(pk=plan.pk)
+        if plan.status == Status.NOTHING:
+            raise Conflict(
+                f"plan {plan.pk} has nothing to apply: it places no demand and notifies no VM",
+                code="plan_nothing_to_apply",
+            )
         if plan.status == Status.APPLIED:
             raise Conflict(
                 f"plan {plan.pk} was applied at {plan.applied_at:%Y-%m-%d %H:%M:%S} UTC"

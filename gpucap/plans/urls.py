@@ -7,7 +7,6 @@ from gpucap.plans import views
 app_name = "plans"
 
 urlpatterns = [
-    path("plan/", views.plan_live, name="live"),
     path("plans/<int:plan_id>/", views.plan_detail, name="detail"),
     path("plans/<int:plan_id>/approve/", views.plan_approve, name="approve"),
     path("mode/", views.capacity_set_mode, name="mode"),

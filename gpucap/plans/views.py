@@ -1,19 +1,20 @@
-"""Operator pages of the arbiter on one capacity set (DESIGN.md section 8): the live part of the
-set page (mode, pool bars, the latest plan, plan history), Approve, the mode switch, one stored
-plan's page and the what-if form.
+"""Operator pages of the arbiter on one capacity set (DESIGN.md section 8): the arbiter's
+regions of the set page (mode, pool bars, the plan in flight, the latest plan, plan history),
+Approve, the mode switch, one stored plan's page and the what-if form.
 
-The set page (`gpucap.fleet.views.capacity_set_detail`) includes ``plans/live.html`` and
-``plans/what_if.html`` with the context `set_page_context` builds; the views here answer the
-HTMX requests those parts send. Views adapt the request and call selectors or services; the
-rules (what Approve may apply, when a plan is stale, what a what-if may ask) are the services'.
+The set page (`gpucap.console.views.capacity_set_detail`) includes ``plans/live.html``,
+``plans/plans.html`` and ``plans/what_if.html`` with the context `set_page_context` builds, and
+polls them with the rest of the page. Approve and the mode switch answer on the set page with
+what happened (``#set-alert``) and an ``HX-Trigger: set-changed`` that makes the page's poll run
+at once. Views adapt the request and call selectors or services; the rules (what Approve may
+apply, when a plan is stale, what a what-if may ask) are the services'.
 """
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.arbiter.topology import block_sizes
@@ -27,28 +28,29 @@ from gpucap.web.pages import operator_required, render_page, wants_fragment
 Mode = CapacitySet.Mode
 
 
-# --- the live part of the set page ---------------------------------------------------------------
+# --- the arbiter's regions of the set page -------------------------------------------------------
+
+# The event an action on the set page sends so that the page's poll runs at once.
+SET_CHANGED = "set-changed"
 
 
-def set_page_context(
-    capacity_set: CapacitySet, *, pools: list[Pool], gpu_total: int, fragment: bool = False
-) -> dict:
-    """What the set page's arbiter parts need, from what the page has read already. Five
-    queries (`selectors.capacity_set_plans`)."""
+def set_page_context(capacity_set: CapacitySet, *, pools: list[Pool], gpu_total: int) -> dict:
+    """What the set page's arbiter regions need, from what the page has read already. Five
+    queries and a few more for an applied plan (`selectors.capacity_set_plans`)."""
     plans = selectors.capacity_set_plans(
         capacity_set=capacity_set, pools=pools, gpu_total=gpu_total
     )
-    return {
-        **live_context(capacity_set, plans, fragment=fragment),
-        "what_if_form": WhatIfForm(capacity_set=capacity_set, pools=pools),
-    }
+    return live_context(capacity_set, plans)
+
+
+def what_if_context(capacity_set: CapacitySet, *, pools: list[Pool]) -> dict:
+    return {"what_if_form": WhatIfForm(capacity_set=capacity_set, pools=pools)}
 
 
 def live_context(
     capacity_set: CapacitySet,
     plans: selectors.SetPlans,
     *,
-    fragment: bool = False,
     alert: str = "",
     changes: list[str] | None = None,
 ) -> dict:
@@ -60,8 +62,6 @@ def live_context(
             f"Switch {capacity_set.name} to dry-run? New plans will only be shown; notices "
             "already sent keep their deadlines."
         ),
-        # A fragment carries the header's mode badge along (an out-of-band swap).
-        "mode_oob": fragment,
         "alert": alert,
         "changes": changes,
         "approve_target": "plan-live",
@@ -125,40 +125,32 @@ def _capacity_set(name: str) -> CapacitySet:
     return get_object_or_404(CapacitySet.objects.select_related("cluster"), name=name)
 
 
-def _render_live(
+def _answer_on_set_page(
     request: HttpRequest,
     capacity_set: CapacitySet,
     *,
     alert: str = "",
     changes: list[str] | None = None,
     status: int = 200,
-    plans: selectors.SetPlans | None = None,
 ) -> HttpResponse:
-    if plans is None:
-        plans = selectors.capacity_set_plans(capacity_set=capacity_set)
+    """What an action on the set page answers: under HTMX, what happened for ``#set-alert``
+    (nothing when it went as asked) and the event that refreshes the page's regions; without
+    JavaScript, the set page after success, or a page with the arbiter's regions and the
+    reason."""
+    if wants_fragment(request):
+        response = render(
+            request, "plans/alert.html", {"alert": alert, "changes": changes}, status=status
+        )
+        response["HX-Trigger"] = SET_CHANGED
+        return response
+    if status == 200:
+        return redirect("fleet:capacity-set-detail", name=capacity_set.name)
+    plans = selectors.capacity_set_plans(capacity_set=capacity_set)
     context = {
         "nav": "capacity_sets",
-        **live_context(
-            capacity_set, plans, fragment=wants_fragment(request), alert=alert, changes=changes
-        ),
+        **live_context(capacity_set, plans, alert=alert, changes=changes),
     }
-    return render_page(
-        request, "plans/live_page.html", context, fragment="plan-live", status=status
-    )
-
-
-@require_GET
-@operator_required
-def plan_live(request: HttpRequest, name: str) -> HttpResponse:
-    """The live part of the set page. A poll that names the key of what it shows gets 204 while
-    nothing changed, so a message the operator is reading stays until there is news."""
-    capacity_set = _capacity_set(name)
-    plans = selectors.capacity_set_plans(capacity_set=capacity_set)
-    if wants_fragment(request) and request.GET.get("since") == plans.key:
-        response = HttpResponse(status=204)
-        patch_vary_headers(response, ("HX-Request",))
-        return response
-    return _render_live(request, capacity_set, plans=plans)
+    return render(request, "plans/live_page.html", context, status=status)
 
 
 # --- Approve and the mode switch -----------------------------------------------------------------
@@ -181,8 +173,6 @@ def plan_approve(request: HttpRequest, name: str, plan_id: int) -> HttpResponse:
             changes = services.plan_changes(plan, exc.fresh)
     except Conflict as exc:
         alert, status = f"Not approved: {exc.message}", 409
-    if status == 200 and not wants_fragment(request):
-        return redirect("fleet:capacity-set-detail", name=name)
     capacity_set.refresh_from_db(fields=["mode", "generation"])
     if wants_fragment(request) and request.htmx.target == "plan-detail":
         response = _render_detail(
@@ -193,7 +183,7 @@ def plan_approve(request: HttpRequest, name: str, plan_id: int) -> HttpResponse:
                 "plans:detail", kwargs={"name": capacity_set.name, "plan_id": shown}
             )
         return response
-    return _render_live(request, capacity_set, alert=alert, changes=changes, status=status)
+    return _answer_on_set_page(request, capacity_set, alert=alert, changes=changes, status=status)
 
 
 @require_POST
@@ -208,9 +198,7 @@ def capacity_set_mode(request: HttpRequest, name: str) -> HttpResponse:
         )
     except ValidationError as exc:
         alert, status = f"Not changed: {'; '.join(exc.messages)}", 400
-    if status == 200 and not wants_fragment(request):
-        return redirect("fleet:capacity-set-detail", name=name)
-    return _render_live(request, _capacity_set(name), alert=alert, status=status)
+    return _answer_on_set_page(request, _capacity_set(name), alert=alert, status=status)
 
 
 # --- one plan ------------------------------------------------------------------------------------

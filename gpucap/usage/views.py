@@ -126,9 +126,16 @@ ALLOCATION_SPANS = {"1": timedelta(hours=1), "7": timedelta(hours=1), "30": time
 @operator_required
 def set_allocation(request: HttpRequest, name: str) -> HttpResponse:
     """GPUs held per pool of a capacity set over the last 1, 7 (default) or 30 days: the
-    fragment the set page loads into its "GPU allocation" panel."""
+    fragment the set page shows in its "GPU allocation" panel when a span is chosen."""
     capacity_set = get_object_or_404(CapacitySet, name=name)
-    days = request.GET.get("days", "7")
+    context = allocation_context(capacity_set, days=request.GET.get("days", ""))
+    return render(request, "components/usage_chart_allocation.html", context)
+
+
+def allocation_context(capacity_set: CapacitySet, *, days: str) -> dict:
+    """The allocation chart of ``capacity_set`` over ``days`` ("1", "7" or "30"; anything
+    else is 7), and the start of its last step (``chart_step``: a live page redraws the chart
+    at least whenever a new step begins). Two queries."""
     if days not in ALLOCATION_SPANS:
         days = "7"
     step = ALLOCATION_SPANS[days]
@@ -142,13 +149,13 @@ def set_allocation(request: HttpRequest, name: str) -> HttpResponse:
     held = selectors.gpus_held_per_pool(
         capacity_set=capacity_set, since=since, until=until, step=step, now=now
     )
-    context = {
+    return {
         "capacity_set": capacity_set,
         "days": days,
         "spans": [("1", "24 hours"), ("7", "7 days"), ("30", "30 days")],
         "chart": charts.gpus_held_chart(held),
+        "chart_step": last_step,
     }
-    return render(request, "components/usage_chart_allocation.html", context)
 
 
 # --- billing webhook ----------------------------------------------------------------------------

@@ -45,6 +45,9 @@ def test_operator_previews_approves_and_enables_enforcement(
         expect(row).to_contain_text("h100-002")
         expect(row).to_contain_text("reclaimed for")
     expect(preview.locator("tr.placement-row")).to_contain_text(train.name)
+    # Plan tables take the page's width: no column is clipped by the what-if form beside them.
+    table = preview.locator("table.preemptions")
+    assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth")
     expect(page.locator("#bar-h100-spot .bar-figures")).to_contain_text("16")
     screenshot(page, "plan-preview")
     assert not InterruptionNotice.objects.exists(), "a preview changes nothing"
@@ -61,6 +64,18 @@ def test_operator_previews_approves_and_enables_enforcement(
     assert sorted(InterruptionNotice.objects.values_list("vm__name", flat=True)) == [
         victim.name for victim in victims
     ]
+    # The whole page follows the Approve, not only the plan: the header's generation and the
+    # node grid, where the victims' GPUs are now leaving; each notice counts down.
+    generation = CapacitySet.objects.get(pk=h100.pk).generation
+    expect(page.locator("#set-head .set-generation")).to_have_text(str(generation))
+    expect(page.locator("#set-nodes .tiles .gpu-leaving")).to_have_count(8)
+    countdowns = preview.locator("tr.preemption-row .countdown")
+    expect(countdowns).to_have_count(2)
+    expect(countdowns.first).to_have_text(re.compile(r"^[12]:\d\d left$"))
+    # Relative times keep ticking between polls.
+    made = preview.locator(".plan-facts time").first
+    shown = made.inner_text()
+    expect(made).not_to_have_text(shown, timeout=15_000)
     screenshot(page, "plan-approved")
 
     # What if on-demand asked for 8 more GPUs? spot-1 and spot-2 would go; nothing is stored.
@@ -81,6 +96,15 @@ def test_operator_previews_approves_and_enables_enforcement(
     what_if.get_by_label("GPUs").fill("6")
     what_if.get_by_role("button", name="Preview").click()
     expect(page.locator("#id_gpus-error")).to_contain_text("not a whole number of 8-GPU blocks")
+
+    # A newer plan does not push the applied one off the page while its notices run.
+    on_demand_request(name="train-2")
+    fresh = services.capacity_set_tick(capacity_set_id=h100.pk).plan
+    assert fresh.pk != plan.pk and fresh.status == Plan.Status.PROPOSED
+    expect(page.locator(f"#plan-{fresh.pk} h2")).to_contain_text("Latest plan", timeout=15_000)
+    expect(preview.locator("h2")).to_contain_text(f"In flight: plan {plan.pk}")
+    expect(preview.locator("tr.preemption-row .countdown")).to_have_count(2)
+    screenshot(page, "plan-in-flight")
 
     page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.accept()))
     page.get_by_role("button", name="Enable enforcement").click()

@@ -3,6 +3,8 @@ artifacts/screens/ as ``screen-<page>-<width>.png`` for a person to look at (iss
 operator's landing page, the fleet, a set page just after Approve (its notices sent), a node
 page and the API docs; a tenant's portal with a VM waiting and saying why."""
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -52,6 +54,13 @@ def test_the_first_pages_at_a_desk_and_on_a_phone(
         page.goto("/fleet/sets/h100-east/")
         expect(page.locator(f"#plan-{approved['plan'].pk} .plan-status")).to_have_text("Applied")
         expect(page.locator("#plan-progress")).to_contain_text("2 of 2 notices sent")
+        expect(page.locator(".countdown").first).to_have_text(re.compile(r"\d:\d\d left$"))
+        # The pools' figures sit inside their card, and the page is no wider than the screen.
+        card = page.locator("#pool-bars").bounding_box()
+        for figures in page.locator("#pool-bars .bar-figures").all():
+            box = figures.bounding_box()
+            assert card["x"] <= box["x"] and box["x"] + box["width"] <= card["x"] + card["width"]
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
         screenshot(page, f"screen-set-approved-{width}")
 
         page.goto("/fleet/nodes/east/h100-001/")

@@ -271,14 +271,17 @@ def test_unknown_capacity_set_is_404(operator_client, fleet_east):
     assert response.status_code == 404
 
 
-def test_capacity_set_page_htmx_request_returns_only_the_fragment(operator_client, fleet_east):
-    response = operator_client.get(
-        reverse("fleet:capacity-set-detail", kwargs={"name": "h100-east"}), headers=HTMX
-    )
-    page = response.content.decode()
-    assert page.lstrip().startswith('<div id="set-live">')
-    assert "<html" not in page
-    assert "h100-spot" in page
+def test_capacity_set_page_is_always_the_whole_page_and_its_poll_the_regions(
+    operator_client, fleet_east
+):
+    url = reverse("fleet:capacity-set-detail", kwargs={"name": "h100-east"})
+    page = operator_client.get(url, headers=HTMX).content.decode()
+    assert "<html" in page and "h100-spot" in page, "an HTMX navigation gets the page too"
+    live = reverse("fleet:capacity-set-live", kwargs={"name": "h100-east"})
+    regions = operator_client.get(live, headers=HTMX).content.decode()
+    assert "<html" not in regions
+    assert '<div id="set-live" class="set-nodes" hx-swap-oob="true">' in regions
+    assert "h100-spot" in regions
 
 
 def test_capacity_set_page_query_count_does_not_grow(
@@ -286,8 +289,8 @@ def test_capacity_set_page_query_count_does_not_grow(
 ):
     url = reverse("fleet:capacity-set-detail", kwargs={"name": "h100-east"})
     # session, user, operator group; set; pools; pool tenants; nodes; GPUs; the arbiter's part:
-    # plan history, held GPUs, pending GPUs (no plan yet).
-    with django_assert_num_queries(11):
+    # plan history, held GPUs, pending GPUs (no plan yet); the chart's pools and GPUs held.
+    with django_assert_num_queries(13):
         operator_client.get(url)
     add_nodes(fleet_east["cluster"], fleet_east["sets"]["h100-east"], 10)
     fleet.pool_create(
@@ -297,7 +300,7 @@ def test_capacity_set_page_query_count_does_not_grow(
         capacity_set=fleet_east["sets"]["h100-east"],
         rank=4,
     )
-    with django_assert_num_queries(11):
+    with django_assert_num_queries(13):
         response = operator_client.get(url)
     assert len(response.context["overview"].tiles) == 12
 

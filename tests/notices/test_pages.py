@@ -341,9 +341,9 @@ def test_draining_a_set_drains_every_node_and_shows_who_holds_it(operator_client
     response = operator_client.post(
         reverse("fleet:capacity-set-drain", args=["h100-east"]), headers=HTMX
     )
-    body = response.content.decode()
-    assert response.status_code == 200
-    assert body.lstrip().startswith('<div id="set-live"')
+    assert response.status_code == 200 and response["HX-Trigger"] == "set-changed"
+    live = reverse("fleet:capacity-set-live", args=["h100-east"])
+    body = operator_client.get(live, headers=HTMX).content.decode()  # the poll it triggers
     states = dict(
         fleet_models.Node.objects.filter(capacity_set__name="h100-east").values_list(
             "hostname", "state"

@@ -65,7 +65,9 @@ def test_operator_lists_plans_newest_first_with_their_summary(
         16,
         8,
     )
-    assert body["results"][1]["status"] == "superseded"
+    # The first plan had nothing to do: it was never proposed, so nothing superseded it.
+    assert body["results"][1]["status"] == "nothing"
+    assert body["results"][1]["replans"] == 0 and body["results"][1]["replanned_at"] is None
 
 
 def test_plan_list_filters_by_set_and_status(operator_api, fleet_east, h100, proposal):
@@ -79,7 +81,8 @@ def test_plan_list_filters_by_set_and_status(operator_api, fleet_east, h100, pro
 
     assert ids(f"capacity_set={h100.pk}") == [proposal.pk]
     assert ids("capacity_set_name=l40s-east") == [other.pk]
-    assert ids("status=proposed") == [other.pk, proposal.pk]
+    assert ids("status=proposed") == [proposal.pk]
+    assert ids("status=nothing") == [other.pk], "l40s-east has no demand: nothing to do"
     assert ids("status=applied") == []
 
 

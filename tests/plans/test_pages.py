@@ -14,6 +14,7 @@ from gpucap.notices import drains
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import selectors, services
 from gpucap.plans.models import Plan
+from gpucap.rentals import services as rentals
 from tests.rentals.vm_helpers import request_vm, running_vm, world
 
 HTMX = {"HX-Request": "true"}
@@ -40,7 +41,7 @@ def plan_url(plan: Plan) -> str:
     return reverse("plans:detail", kwargs={"name": SET, "plan_id": plan.pk})
 
 
-LIVE = reverse("plans:live", kwargs={"name": SET})
+LIVE = reverse("fleet:capacity-set-live", kwargs={"name": SET})
 MODE = reverse("plans:mode", kwargs={"name": SET})
 WHAT_IF = reverse("plans:what-if", kwargs={"name": SET})
 
@@ -118,23 +119,33 @@ def test_a_set_without_plans_says_so(operator_client, h100):
 # --- Approve -------------------------------------------------------------------------------------
 
 
-def test_approve_applies_the_plan_and_answers_with_the_fragment(
+def live(client: Client, since: str = "") -> str:
+    """The set page's poll, as the page sends it."""
+    response = client.get(f"{LIVE}?since={since}", headers=HTMX)
+    assert response.status_code == 200, response.status_code
+    return response.content.decode()
+
+
+def test_approve_applies_the_plan_and_the_page_refreshes_at_once(
     operator_client, operator, proposal, full_set
 ):
     response = operator_client.post(approve_url(proposal), headers=HTMX)
 
-    body = response.content.decode()
     assert response.status_code == 200
-    assert body.lstrip().startswith('<div id="plan-live"')
-    assert "<html" not in body and "<h1>" not in body
+    assert 'role="alert"' not in response.content.decode(), "nothing went wrong: nothing to say"
+    assert response["HX-Trigger"] == "set-changed", "the page's poll runs at once"
     proposal.refresh_from_db()
     assert proposal.status == Plan.Status.APPLIED and proposal.approved_by == operator
     notices = InterruptionNotice.objects.filter(plan=proposal)
     assert sorted(notices.values_list("vm__name", flat=True)) == ["spot-3", "spot-4"]
-    assert "2 of 2 notices sent" in body and "1 waiting for its victims to stop" in body
-    assert ">Applied</span>" in body and "notice sent" in body
-    assert f"Approve plan {proposal.pk}" not in body
     assert AuditEvent.objects.filter(verb="plan.approve", actor=operator).count() == 1
+
+    body = live(operator_client)
+    assert "2 of 2 notices sent (2 still counting down)" in body
+    assert "1 waiting for its victims to stop" in body
+    assert ">Applied</span>" in body and body.count("notice sent</span>") == 2
+    assert body.count("data-deadline=") == 2, "each notice counts down on the page"
+    assert f"Approve plan {proposal.pk}" not in body
 
 
 def test_approve_without_htmx_redirects_to_the_set_page(operator_client, proposal):
@@ -153,7 +164,8 @@ def test_a_stale_approve_is_refused_with_what_changed_and_the_fresh_plan(
 
     body = response.content.decode()
     assert response.status_code == 409
-    assert body.lstrip().startswith('<div id="plan-live"')
+    assert body.lstrip().startswith('<div class="alert alert-error plan-alert" role="alert">')
+    assert response["HX-Trigger"] == "set-changed"
     fresh = Plan.objects.get(status=Plan.Status.PROPOSED)
     assert fresh.pk != proposal.pk
     assert f"Not approved: plan {proposal.pk} was made from generation" in body
@@ -161,8 +173,9 @@ def test_a_stale_approve_is_refused_with_what_changed_and_the_fresh_plan(
     assert "<h3>What changed</h3>" in body
     for line in services.plan_changes(proposal, fresh):
         assert line[0].upper() + line[1:] in body
-    assert f'id="plan-{fresh.pk}"' in body
-    assert f'hx-post="{approve_url(fresh)}"' in body  # the fresh plan's own Approve button
+    page = live(operator_client)  # the poll the answer triggers shows the fresh plan
+    assert f'id="plan-{fresh.pk}"' in page
+    assert f'hx-post="{approve_url(fresh)}"' in page  # the fresh plan's own Approve button
     assert not InterruptionNotice.objects.exists()
     assert world()["vms"] == before["vms"] and world()["allocations"] == before["allocations"]
 
@@ -209,19 +222,17 @@ def test_enable_enforcement_and_back_to_dry_run_change_the_mode_and_are_audited(
 ):
     response = operator_client.post(MODE, {"mode": "enforce"}, headers=HTMX)
 
-    body = response.content.decode()
-    assert response.status_code == 200
-    assert body.lstrip().startswith('<div id="plan-live"')
+    assert response.status_code == 200 and response["HX-Trigger"] == "set-changed"
     h100.refresh_from_db()
     assert h100.mode == CapacitySet.Mode.ENFORCE
+    body = live(operator_client)
     assert ">Switch to dry-run</button>" in body and "Enable enforcement</button>" not in body
     assert (
         'hx-confirm="Switch h100-east to dry-run? New plans will only be shown; notices already '
         'sent keep their deadlines."'
     ) in body
-    # The header's badge follows (out of band).
-    assert '<span id="set-mode" hx-swap-oob="true">' in body
-    assert "Enforcing" in body.split('id="set-mode"')[1]
+    # The header's badge follows.
+    assert "Enforcing" in body.split('id="set-head"')[1].split("</h1>")[0]
     assert f"Approve plan {proposal.pk}" not in body  # enforcement applies it, not a click
     event = AuditEvent.objects.get(verb="capacity_set.mode", actor=operator)
     assert (event.before, event.after) == ({"mode": "dry_run"}, {"mode": "enforce"})
@@ -231,7 +242,7 @@ def test_enable_enforcement_and_back_to_dry_run_change_the_mode_and_are_audited(
     assert response.status_code == 200
     h100.refresh_from_db()
     assert h100.mode == CapacitySet.Mode.DRY_RUN
-    assert "Enable enforcement</button>" in response.content.decode()
+    assert "Enable enforcement</button>" in live(operator_client)
     assert AuditEvent.objects.filter(verb="capacity_set.mode", actor=operator).count() == 2
 
 
@@ -308,32 +319,97 @@ def test_a_plan_of_another_set_is_404(operator_client, proposal, fleet_east):
 # --- the live part -------------------------------------------------------------------------------
 
 
-def test_the_live_part_polls_and_gets_204_until_something_changes(
+def test_the_whole_page_polls_as_one_and_gets_204_until_something_changes(
     operator_client, proposal, on_demand_request, h100
 ):
     page = operator_client.get(SET_PAGE).content.decode()
-    poll = page.split('<div id="plan-live" hx-get="')[1].split('"')[0]
+    poller = page.split('<div id="set-poll"')[1].split(">")[0]
+    poll = poller.split('hx-get="')[1].split('"')[0]
     assert poll.startswith(f"{LIVE}?since=")
-    assert 'hx-trigger="every 5s"' in page.split('id="plan-live"')[1].split(">")[0]
+    assert 'hx-trigger="every 5s, set-changed from:body"' in poller
+    assert 'hx-include="#chart-days"' in poller, "the chart comes back with the span chosen"
 
-    unchanged = operator_client.get(poll, headers=HTMX)
+    unchanged = operator_client.get(f"{poll}&days=7", headers=HTMX)
     assert unchanged.status_code == 204 and unchanged.content == b""
 
     on_demand_request(name="train-2")
     fresh = tick(h100)  # the worker makes a new plan
 
-    response = operator_client.get(poll, headers=HTMX)
+    response = operator_client.get(f"{poll}&days=7", headers=HTMX)
     body = response.content.decode()
-    assert response.status_code == 200
-    assert body.lstrip().startswith('<div id="plan-live"')
-    assert f'id="plan-{fresh.pk}"' in body and "<html" not in body
+    assert response.status_code == 200 and "<html" not in body
+    assert f'id="plan-{fresh.pk}"' in body
+    # Every region comes back and replaces itself: header, arbiter, plans, nodes, chart, poll.
+    for region in ("set-head", "plan-live", "set-plans", "set-live", "set-allocation", "set-poll"):
+        root = body.split(f'id="{region}"')[1].split(">")[0]
+        assert 'hx-swap-oob="true"' in root, region
+    assert f'Generation</dt><dd class="set-generation">{fresh.generation}</dd>' in body
+    new_key = body.split(f"{LIVE}?since=")[1].split('"')[0]
+    assert operator_client.get(f"{LIVE}?since={new_key}", headers=HTMX).status_code == 204
 
 
-def test_the_live_part_without_htmx_is_a_page(operator_client, proposal):
+def test_the_poll_brings_the_chart_back_with_the_span_the_operator_chose(operator_client, proposal):
+    body = operator_client.get(f"{LIVE}?since=&days=30", headers=HTMX).content.decode()
+    chart = body.split('id="set-allocation"')[1]
+    assert 'id="chart-days" name="days" value="30"' in chart
+    assert 'aria-current="true">30 days</a>' in chart
+
+
+def test_the_poll_url_opened_without_htmx_leads_to_the_page(operator_client, proposal):
     response = operator_client.get(LIVE)
-    page = response.content.decode()
-    assert response.status_code == 200
-    assert "<html" in page and f'id="plan-{proposal.pk}"' in page
+    assert response.status_code == 302 and response["Location"] == SET_PAGE
+
+
+def test_an_applied_plan_stays_pinned_with_its_countdowns_until_it_is_done(
+    operator_client, operator, proposal, on_demand_request, h100
+):
+    services.plan_approve(plan=proposal, actor=operator)
+    on_demand_request(name="train-2")
+    fresh = tick(h100)
+    assert fresh.pk != proposal.pk
+
+    page = operator_client.get(SET_PAGE).content.decode()
+    pinned = page.split(f'id="plan-{proposal.pk}"')[1].split("</section>")[0]
+    assert f'In flight: <a href="{plan_url(proposal)}">plan {proposal.pk}</a>' in pinned
+    assert pinned.count("data-deadline=") == 2 and "1 waiting for its victims to stop" in pinned
+    assert f'Latest plan: <a href="{plan_url(fresh)}">plan {fresh.pk}</a>' in page
+    assert page.index(f'id="plan-{proposal.pk}"') < page.index(f'id="plan-{fresh.pk}"')
+
+    # The victims stop at their deadlines, the placement is made and its VM boots and runs.
+    for notice in InterruptionNotice.objects.filter(plan=proposal).select_related("vm"):
+        vm = rentals.vm_stop_for_notice(vm=notice.vm, message="deadline")
+        rentals.vm_mark_stopped(vm=vm)
+    tick(h100)
+    page = operator_client.get(SET_PAGE).content.decode()
+    pinned = page.split(f'id="plan-{proposal.pk}"')[1].split("</section>")[0]
+    assert "1 booting" in pinned and "placed, booting" in pinned, "still watched while it boots"
+    train = proposal.actions.get(kind="placement").vm
+    rentals.vm_mark_running(vm=train, ip_address="10.9.0.1")
+
+    page = operator_client.get(SET_PAGE).content.decode()
+    assert f'id="plan-{proposal.pk}"' not in page, "done: only the history keeps it"
+    assert f'id="history-{proposal.pk}"' in page
+
+
+def test_a_set_with_nothing_to_do_says_so_and_counts_the_replans_it_folded(
+    operator_client, operator, h100, full_set
+):
+    services.capacity_set_set_mode(capacity_set=h100, mode="enforce", actor=operator)
+    idle = tick(h100)
+    node = h100.nodes.get(hostname="h100-001")
+    for _ in range(4):
+        fleet.node_cordon(node=node, actor=operator)
+        fleet.node_uncordon(node=node, actor=operator)
+        assert tick(h100) == idle
+
+    page = operator_client.get(SET_PAGE).content.decode()
+    latest = page.split(f'id="plan-{idle.pk}"')[1].split("</section>")[0]
+    assert ">Nothing to do</span>" in latest and ">Proposed</span>" not in latest
+    assert "Found again</dt>" in latest and "4 times, last" in latest
+    history = page.split('id="plan-history"')[1]
+    assert "The last 1 plan, and 4 identical replans with nothing to do folded into them" in history
+    assert history.count('class="history-row"') == 1 and ">Applied</span>" not in history
+    assert "\u00d75</span>" in history  # times 5: the plan and its 4 replans
 
 
 # --- what-if -------------------------------------------------------------------------------------
@@ -484,8 +560,8 @@ def add_nodes(fleet_east, count: int) -> list:
 
 # session, user, operator group; set; pools; pool tenants; nodes; GPUs (rows, or counts for a
 # large set); draining nodes' VMs and their open notices; plan history; the latest plan's first
-# lines and its progress; held GPUs; pending GPUs.
-SET_PAGE_QUERIES = 15
+# lines and its progress; held GPUs; pending GPUs; the chart's pools and GPUs held per step.
+SET_PAGE_QUERIES = 17
 
 
 def test_set_page_query_count_does_not_grow_with_nodes_vms_and_plans(
@@ -538,17 +614,26 @@ def test_set_page_query_count_does_not_grow_with_nodes_vms_and_plans(
     assert f'href="/fleet/?capacity_set={SET}&amp;state=draining"' in page
 
 
-def test_live_part_query_count_is_fixed(
-    operator_client, h100, proposal, fleet_east, django_assert_num_queries
+def test_the_poll_runs_a_fixed_number_of_queries_whatever_the_sets_size(
+    operator_client, operator, tenant, h100, proposal, fleet_east, django_assert_num_queries
 ):
-    # session, user, operator group; set; pools; GPU total; history; lines; progress; held;
-    # pending.
-    with django_assert_num_queries(11):
-        operator_client.get(LIVE, headers=HTMX)
-    add_nodes(fleet_east, 5)
+    """Polled every 5 s by every open set page: its cost must not grow with the fleet. Counted
+    with a plan in flight (its notices and placements) and a newer latest plan."""
+    services.plan_approve(plan=proposal, actor=operator)
+    request_vm(tenant, fleet_east["pools"]["h100-spot"], name="late", gpu_count=4)
     tick(h100)
-    with django_assert_num_queries(11):
-        operator_client.get(LIVE, headers=HTMX)
+    # session, user, operator group; set; pools; pool tenants; nodes; GPUs; plan history; the
+    # latest plan's lines and progress; the plan in flight's lines, progress and notices; held;
+    # pending; the chart's pools and GPUs held per step.
+    with django_assert_num_queries(POLL_QUERIES):
+        assert "In flight: " in live(operator_client)
+    add_nodes(fleet_east, 70)
+    tick(h100)
+    with django_assert_num_queries(POLL_QUERIES):
+        assert "In flight: " in live(operator_client)
+
+
+POLL_QUERIES = 18
 
 
 def test_a_long_plan_shows_its_first_lines_and_links_to_the_rest(

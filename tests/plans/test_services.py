@@ -69,12 +69,66 @@ def test_a_set_that_did_not_change_is_not_planned_again(h100, full_set, on_deman
 
 
 def test_a_new_plan_supersedes_the_proposal(h100, full_set, on_demand_request):
-    first = tick(h100)
     on_demand_request()
+    first = tick(h100)
+    on_demand_request(name="train-2")
     second = tick(h100)
     first.refresh_from_db()
     assert first.status == Plan.Status.SUPERSEDED and second.status == Plan.Status.PROPOSED
     assert second.generation > first.generation
+
+
+def test_a_plan_with_nothing_to_do_is_stored_once_and_identical_replans_fold_into_it(
+    h100, full_set, on_demand_request, operator
+):
+    """Under enforcement a set with nothing to place is replanned at every change: none of
+    those replans adds a row, an apply or an audit event; the plan counts them."""
+    services.capacity_set_set_mode(capacity_set=h100, mode="enforce", actor=operator)
+    first = tick(h100)
+    assert first.status == Plan.Status.NOTHING and not first.has_actions
+    audited = AuditEvent.objects.filter(verb="plan.enforce").count()
+
+    for _ in range(3):
+        # A change that bumps the generation but leaves the plan doing nothing.
+        node = h100.nodes.get(hostname="h100-001")
+        fleet.node_cordon(node=node, actor=operator)
+        fleet.node_uncordon(node=node, actor=operator)
+        again = tick(h100)
+        assert again.pk == first.pk
+
+    first.refresh_from_db()
+    h100.refresh_from_db()
+    assert Plan.objects.filter(capacity_set=h100).count() == 1
+    assert first.status == Plan.Status.NOTHING and first.applied_at is None
+    assert first.replans == 3 and first.replanned_at > first.created_at
+    assert first.generation == h100.generation, "it stands for the set as it is now"
+    assert AuditEvent.objects.filter(verb="plan.enforce").count() == audited
+
+
+def test_a_plan_that_does_something_after_nothing_is_a_new_row_and_so_is_nothing_after_it(
+    h100, full_set, on_demand_request, operator
+):
+    idle = tick(h100)
+    train = on_demand_request()
+    proposal = tick(h100)
+    assert proposal.pk != idle.pk and proposal.status == Plan.Status.PROPOSED
+    rentals.vm_terminate(vm=train, actor=operator)  # the request is withdrawn
+    back_to_idle = tick(h100)
+    proposal.refresh_from_db()
+    assert back_to_idle.pk not in (idle.pk, proposal.pk)
+    assert back_to_idle.status == Plan.Status.NOTHING
+    assert proposal.status == Plan.Status.SUPERSEDED
+
+
+def test_approving_a_plan_with_nothing_to_do_is_refused_and_changes_nothing(h100, operator):
+    idle = tick(h100)
+    with pytest.raises(Conflict) as refused:
+        services.plan_approve(plan=idle, actor=operator)
+    assert refused.value.code == "plan_nothing_to_apply"
+    assert "places no demand and notifies no VM" in refused.value.message
+    idle.refresh_from_db()
+    assert idle.status == Plan.Status.NOTHING and idle.approved_by is None
+    assert not AuditEvent.objects.filter(verb__startswith="plan.approve").exists()
 
 
 def test_approve_sends_notices_and_places_once_the_victims_are_off(
@@ -136,7 +190,7 @@ def test_victims_going_off_while_a_tick_runs_leave_the_placement_to_the_plan_tha
     between = tick(h100)
     monkeypatch.setattr(services, "placements_complete", complete)
 
-    assert between.status == Plan.Status.APPLIED
+    assert between.status == Plan.Status.NOTHING
     assert (between.placements, between.preemptions) == (0, 0), "the block stays reserved"
     assert VirtualMachine.objects.filter(state=State.PROVISIONING).count() == 0
     tick(h100)

@@ -228,10 +228,12 @@ def allocation_url(days: str | None = None) -> str:
     return f"{url}?days={days}" if days else url
 
 
-def test_set_page_loads_the_allocation_chart(operator_client, fleet_east):
+def test_set_page_shows_the_allocation_chart_over_the_last_7_days(operator_client, fleet_east):
     page = operator_client.get(reverse("fleet:capacity-set-detail", args=["h100-east"]))
 
-    assert f'hx-get="{allocation_url()}" hx-trigger="load"' in page.content.decode()
+    chart = page.content.decode().split('id="set-allocation"')[1]
+    assert 'id="gpus-held"' in chart and 'aria-current="true">7 days</a>' in chart
+    assert f'hx-get="{allocation_url("1")}"' in chart, "another span is one click away"
 
 
 def test_allocation_chart_shows_gpus_held_per_pool_of_the_set_only(operator_client, usage):
