@@ -5,6 +5,7 @@ day not counted, so a calendar month is ``since=2026-11-01&until=2026-12-01``. T
 serves the pages, the page exports and the API (``period_between``).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -18,6 +19,10 @@ from gpucap.usage.models import BillingWebhook
 from gpucap.web.forms import ServiceErrorsMixin
 
 MAX_DAYS = 366
+# What a usage page shows when no period is asked for: the last DEFAULT_DAYS days, today
+# included. A calendar month would show a single day on the 1st and hide the weeks before it;
+# a month (an invoice's period) is one click away in the month picker.
+DEFAULT_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,17 @@ def month_period(day: date) -> Period:
 
 
 def this_month() -> Period:
-    return month_period(timezone.now().astimezone(UTC).date())
+    return month_period(today())
+
+
+def recent_days() -> Period:
+    """The default period: the last ``DEFAULT_DAYS`` whole UTC days, today the last of them."""
+    until = today() + timedelta(days=1)
+    return Period(since=until - timedelta(days=DEFAULT_DAYS), until=until)
+
+
+def today() -> date:
+    return timezone.now().astimezone(UTC).date()
 
 
 def _next_month(first: date) -> date:
@@ -113,17 +128,29 @@ class DayField(forms.DateField):
 
 class UsagePeriodForm(forms.Form):
     """A month, or a range of days (``since``, ``until``): days given win over a month; nothing
-    at all means this month. ``tenants``, for operators: the tenant field (a slug; empty:
+    at all means ``default``: on the pages the last ``DEFAULT_DAYS`` days (``recent_days``), in
+    the exports this month. ``tenants``, for operators: the tenant field (a slug; empty:
     all). The page clears the other kind of field when one is changed (a line of script in
     the widgets), so what was changed last is what is shown."""
+
+    default_days = DEFAULT_DAYS
 
     month = MonthField(required=False)
     since = DayField(required=False, label="From")
     until = DayField(required=False, label="Before", help_text="The first day not counted.")
-    tenant = forms.ChoiceField(required=False)
+    tenant = forms.ChoiceField(required=False, label="Tenant")
 
-    def __init__(self, data=None, *, tenants: list[Tenant] | None = None) -> None:
+    def __init__(
+        self,
+        data=None,
+        *,
+        tenants: list[Tenant] | None = None,
+        default: Callable[[], Period] = recent_days,
+    ) -> None:
         super().__init__(data)
+        self.default = default
+        # Nothing asked for: the page says which period it shows by default.
+        self.is_default = not any((data or {}).get(name) for name in ("month", "since", "until"))
         self.tenant_list = tenants
         self.tenants = {tenant.slug: tenant for tenant in tenants or []}
         if tenants is None:
@@ -149,15 +176,15 @@ class UsagePeriodForm(forms.Form):
         elif month is not None:
             data["period"] = month_period(month)
         else:
-            data["period"] = this_month()
+            data["period"] = self.default()
         return data
 
     @property
     def period(self) -> Period:
-        """The period asked for; this month when the form is invalid."""
+        """The period asked for; the default when the form is invalid."""
         if self.is_valid():
             return self.cleaned_data["period"]
-        return this_month()
+        return self.default()
 
     @property
     def chosen_tenant(self) -> Tenant | None:
@@ -174,8 +201,9 @@ class UsagePeriodForm(forms.Form):
         data = {"month": period.month} if period.month else period.query()
         if "tenant" in self.fields:
             data["tenant"] = self.cleaned_data.get("tenant") or ""
-        shown = UsagePeriodForm(data, tenants=self.tenant_list)
+        shown = UsagePeriodForm(data, tenants=self.tenant_list, default=self.default)
         shown.is_valid()
+        shown.is_default = self.is_default
         return shown
 
     def error_text(self) -> str:

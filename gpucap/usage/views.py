@@ -17,7 +17,7 @@ from gpucap.roles import is_operator
 from gpucap.tenancy.models import Tenant
 from gpucap.tenancy.selectors import tenant_visible_to, tenants_for
 from gpucap.usage import charts, export, selectors, services
-from gpucap.usage.forms import BillingWebhookForm, UsagePeriodForm
+from gpucap.usage.forms import BillingWebhookForm, UsagePeriodForm, this_month
 from gpucap.web.pages import operator_required, render_page, tenant_pick
 
 # --- usage: totals, charts and exports ------------------------------------------------------
@@ -58,7 +58,9 @@ def usage_overview(request: HttpRequest) -> HttpResponse:
 @operator_required
 def usage_export(request: HttpRequest, fmt: str) -> HttpResponse:
     """``/usage/export.csv|json?since=&until=[&tenant=]``: every tenant's rows, or one's."""
-    form = UsagePeriodForm(request.GET, tenants=list(Tenant.objects.order_by("name")))
+    form = UsagePeriodForm(
+        request.GET, tenants=list(Tenant.objects.order_by("name")), default=this_month
+    )
     if not form.is_valid():
         return HttpResponseBadRequest(form.error_text(), content_type="text/plain")
     tenant = form.chosen_tenant
@@ -96,7 +98,7 @@ def tenant_usage(request: HttpRequest, slug: str) -> HttpResponse:
 def tenant_usage_export(request: HttpRequest, slug: str, fmt: str) -> HttpResponse:
     """A tenant's own rows only, whatever the query says (the form has no tenant field)."""
     tenant = tenant_visible_to(user=request.user, slug=slug)
-    form = UsagePeriodForm(request.GET)
+    form = UsagePeriodForm(request.GET, default=this_month)
     if not form.is_valid():
         return HttpResponseBadRequest(form.error_text(), content_type="text/plain")
     return export.export_response(fmt, form.period, tenants=[tenant])

@@ -65,6 +65,10 @@ def test_operator_reads_a_months_usage_filters_a_tenant_and_exports(page, operat
     log_in(page, operator.username)
     page.goto("/usage/")
     report = page.locator("#usage-report")
+    expect(report.locator("h2").first).to_contain_text("2026-10-14 to 2026-11-12")  # 30 days
+    expect(report.locator("#period-default")).to_contain_text("The last 30 days")
+    page.get_by_label("Month").fill("2026-11")
+    page.get_by_role("button", name="Show").click()
     expect(report.locator("h2").first).to_contain_text("November 2026")
     expect(report.locator(".usage-total dd")).not_to_have_text("0.0")
     expect(report.locator("#usage-by-kind .series")).to_have_count(2)  # on-demand, spot
@@ -108,9 +112,9 @@ def test_member_reads_their_tenants_usage_from_the_menu(page, member, month_of_u
     page.get_by_role("link", name="My usage").click()
     expect(page).to_have_url(re.compile(r"/tenants/acme/usage/$"))
     report = page.locator("#usage-report")
-    expect(report.locator("h2").first).to_contain_text("November 2026")
+    expect(report.locator("h2").first).to_contain_text("2026-10-14 to 2026-11-12")
     expect(report.locator("#usage-by-kind .legend-item")).to_have_count(1)  # spot only
     expect(report.locator("#export-csv")).to_have_attribute(
-        "href", "/tenants/acme/usage/export.csv?since=2026-11-01&until=2026-12-01"
+        "href", "/tenants/acme/usage/export.csv?since=2026-10-14&until=2026-11-13"
     )
     screenshot(page, "usage-tenant")

@@ -2,6 +2,7 @@
 usage, and the set page's GPU allocation chart. Tenants see only their own; operators all;
 the query count does not grow with the data."""
 
+import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -73,12 +74,39 @@ def test_operator_page_totals_gpu_hours_by_pool_kind_and_by_tenant(operator_clie
     assert 'href="/usage/export.json?since=2026-11-01&amp;until=2026-12-01"' in page
 
 
-def test_operator_page_defaults_to_this_month(operator_client, usage):
+def test_operator_page_defaults_to_the_last_30_days_and_says_so(operator_client, usage):
     response = operator_client.get(OVERVIEW)
 
     period = response.context["period"]
-    assert (period.since, period.until) == (date(2026, 11, 1), date(2026, 12, 1))
-    assert response.context["form"]["month"].value() == "2026-11"
+    assert (period.since, period.until) == (date(2026, 10, 4), date(2026, 11, 3))
+    form = response.context["form"]
+    assert (form["since"].value(), form["until"].value()) == ("2026-10-04", "2026-11-03")
+    page = response.content.decode()
+    assert "The last 30 days, today included (UTC). For an invoice's period, pick a month" in page
+    assert response.context["summary"].gpu_hours == Decimal("9.5")
+
+
+def test_on_the_1st_the_default_period_keeps_the_weeks_before_it(
+    operator_client, clock, pools, run_vm, tenant
+):
+    """On the 1st a calendar month would be one bar; the default shows the month that just
+    ended too, and this month is one click away."""
+    clock.set(at(17, 9))
+    vm = run_vm(tenant, "h100-spot", "h100-001", [0], name="fortnight")
+    clock.set(at(1, 6, month=12))  # two weeks on, the 1st of December, 06:00 UTC
+    stop(vm)
+
+    response = operator_client.get(OVERVIEW)
+
+    period = response.context["period"]
+    assert (period.since, period.until) == (date(2026, 11, 2), date(2026, 12, 2))
+    summary = response.context["summary"]
+    assert summary.days[0] == date(2026, 11, 2) and summary.days[-1] == date(2026, 12, 1)
+    assert summary.gpu_hours == 15 + 13 * 24 + 6  # Nov 17 09:00 to Dec 1 06:00, one GPU
+    assert "The last 30 days, today included" in response.content.decode()
+
+    december = operator_client.get(OVERVIEW, {"month": "2026-12"}).context["summary"]
+    assert december.gpu_hours == 6
 
 
 def test_operator_page_of_one_tenant_shows_only_its_usage_and_exports(operator_client, usage):
@@ -111,7 +139,7 @@ def test_a_range_of_days_counts_only_those_days(operator_client, usage):
         ({"month": "2026-11", "tenant": "nobody"}, "tenant", "No tenant nobody"),
     ],
 )
-def test_a_bad_period_is_400_naming_the_field_and_shows_this_month(
+def test_a_bad_period_is_400_naming_the_field_beside_it_and_shows_the_default(
     operator_client, usage, query, field, reason
 ):
     response = operator_client.get(OVERVIEW, query)
@@ -119,8 +147,9 @@ def test_a_bad_period_is_400_naming_the_field_and_shows_this_month(
     assert response.status_code == 400
     assert reason in response.context["form"].errors[field][0]
     page = response.content.decode()
-    assert f"{field}: " in page and "This is this month instead" in page
-    assert response.context["period"].month == "2026-11"
+    assert f"{field}: " in page and "This is 2026-10-04 to 2026-11-02 instead" in page
+    assert re.search(rf'<span class="field-error" id="id_{field}-error">[^<]*{reason}', page)
+    assert response.context["period"].label == "2026-10-04 to 2026-11-02"
 
 
 def test_htmx_request_answers_only_the_report(operator_client, usage):
