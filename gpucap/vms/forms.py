@@ -76,6 +76,7 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
         pool.widget.choices = [(p.pk, pool.label_from_instance(p)) for p in self.pools]
         self.images = images_offered_on(cluster_ids={p.cluster_id for p in self.pools})
         self.fields["image"].choices = _image_choices(self.images)
+        self.fields["image"].initial = _vm_image(self.images)
 
 
 def _image_choices(images: list[Image]) -> list:
@@ -87,6 +88,16 @@ def _image_choices(images: list[Image]) -> list:
     if len(by_cluster) == 1:
         return next(iter(by_cluster.values()))
     return [(f"cluster {cluster}", choices) for cluster, choices in by_cluster.items()]
+
+
+def _vm_image(images: list[Image]) -> str | None:
+    """The image a VM form starts on: the first meant for a VM. Replica images (those that
+    serve ports, such as gpucap-model-server) are for inference deployments, and would
+    otherwise come first by name."""
+    for image in images:
+        if not image.ports:
+            return image.name
+    return None
 
 
 def _image_label(image: Image) -> str:

@@ -243,6 +243,15 @@ def test_the_form_offers_only_pools_the_tenant_may_rent_in(member_client, pools)
     assert ">a100-standalone · On-demand · A100-SXM4-80GB NVSwitch</option>" in page
 
 
+def test_the_form_starts_on_an_image_meant_for_a_vm_not_a_replica_image(member_client, pools):
+    """gpucap-model-server sorts first, but it is a replica image (it serves a port)."""
+    form = member_client.get(tenant_vms_url()).context["form"]
+    assert form.fields["image"].choices[0][0] == "gpucap-model-server"
+    assert form["image"].value() == IMAGE
+    page = member_client.get(tenant_vms_url()).content.decode()
+    assert re.search(rf'<option value="{IMAGE}" selected>', page)
+
+
 def test_a_member_requests_a_vm_and_it_waits_in_pending(member_client, member, tenant, pools):
     response = member_client.post(
         tenant_vms_url(), request_form(pools["a100-standalone"], gpu_count=4), headers=HTMX
