@@ -196,6 +196,9 @@ INFERENCE_AUTOSCALE_SECONDS = env_int("INFERENCE_AUTOSCALE_SECONDS", 5, minimum=
 # replica's model server is asked GET <endpoint><INFERENCE_PROBE_PATH>, how long an answer may
 # take, and how many failures in a row take a ready replica out of the router.
 INFERENCE_PROBE_SECONDS = env_int("INFERENCE_PROBE_SECONDS", 5, minimum=1)
+# How often the router's record of each API key's last use is copied to the key (its "Last
+# used" on the pages and in the API): a key used just now reads as before for up to this long.
+INFERENCE_KEYS_FLUSH_SECONDS = env_int("INFERENCE_KEYS_FLUSH_SECONDS", 60, minimum=1)
 INFERENCE_PROBE_TIMEOUT_SECONDS = env_int("INFERENCE_PROBE_TIMEOUT_SECONDS", 2, minimum=1)
 INFERENCE_PROBE_FAILURES = env_int("INFERENCE_PROBE_FAILURES", 3, minimum=1)
 INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
@@ -239,7 +242,10 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(INFERENCE_PROBE_SECONDS)},
     },
     "inference-resync": {"task": "inference.resync", "schedule": 60.0},
-    "inference-keys-flush": {"task": "inference.keys_flush", "schedule": 60.0},
+    "inference-keys-flush": {
+        "task": "inference.keys_flush",
+        "schedule": float(INFERENCE_KEYS_FLUSH_SECONDS),
+    },
     # Usage records are made once their period or interval has ended (gpucap.usage).
     "usage-record": {
         "task": "usage.record",

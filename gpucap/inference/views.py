@@ -8,6 +8,7 @@ secret is for the tenant's eyes only. Anyone else gets a 404. Views adapt the re
 selectors or services; the rules live in ``gpucap.inference.services``.
 """
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -260,5 +261,6 @@ def _page_context(request: HttpRequest, deployment: InferenceDeployment) -> dict
         "settings_form": DeploymentSettingsForm.of(deployment),
         "key_form": ApiKeyForm() if is_member else None,
         "keys": selectors.deployment_keys(deployment),
+        "keys_flush_seconds": settings.INFERENCE_KEYS_FLUSH_SECONDS,
         "now": timezone.now(),
     }

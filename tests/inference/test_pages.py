@@ -511,6 +511,21 @@ def test_a_created_key_is_shown_once_and_never_again(member_client, member, depl
     assert "Active" in row and "never" in row
 
 
+def test_last_used_says_how_often_it_is_brought_up_to_date(member_client, deploy, settings):
+    """The router's record of a key's use reaches the key by the inference.keys_flush beat
+    task, every INFERENCE_KEYS_FLUSH_SECONDS: "never" just after a use is not a fault."""
+    flush = settings.CELERY_BEAT_SCHEDULE["inference-keys-flush"]
+    assert flush["schedule"] == settings.INFERENCE_KEYS_FLUSH_SECONDS == 60
+    deployment = deploy()
+    page = member_client.get(detail_url(deployment)).content.decode()
+    assert 'id="last-used-hint"' not in page  # no key, nothing to explain
+    member_client.post(key_create_url(deployment), {"name": "prod", "scope": "deployment"})
+    settings.INFERENCE_KEYS_FLUSH_SECONDS = 120
+    page = member_client.get(detail_url(deployment)).content.decode()
+    hint = re.search(r'<p class="small muted" id="last-used-hint">([^<]*)</p>', page)[1]
+    assert "brought up to date every 120 s" in hint and "say never" in hint
+
+
 def test_a_created_key_without_htmx_is_shown_on_the_page_once(member_client, deploy):
     deployment = deploy()
     response = member_client.post(key_create_url(deployment), {"name": "prod", "scope": "tenant"})
