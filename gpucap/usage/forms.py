@@ -240,7 +240,10 @@ class BillingWebhookForm(ServiceErrorsMixin, forms.Form):
         help_text="gpucap picks a random 256-bit secret and shows it once.",
     )
     enabled = forms.BooleanField(
-        required=False, label="Push usage records", help_text="Off: nothing is sent."
+        required=False,
+        label="Push usage records",
+        help_text="Ticked: new records are sent to the URL in batches as they are made. "
+        "Unticked: nothing is sent; records wait and go once pushing is back on.",
     )
     batch_size = forms.IntegerField(
         label="Batch size",

@@ -1,0 +1,34 @@
+"""The smaller defects of issue 15, measured in a real browser: billing's checkboxes beside their
+labels, state badges that read as labels rather than buttons, names that never wrap at their
+hyphens, and a node page that fits a phone."""
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import log_in, screenshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def box(locator) -> dict:
+    return locator.bounding_box()
+
+
+def test_billing_checkboxes_sit_beside_their_labels_and_say_what_ticking_does(page, operator):
+    log_in(page, operator.username)
+    page.goto("/usage/billing/")
+    for name, label in (("enabled", "Push usage records"), ("generate_secret", "Generate a new")):
+        checkbox = page.locator(f"#billing-settings input[name={name}]")
+        text = page.locator(f"#billing-settings label[for=id_{name}]")
+        expect(text).to_contain_text(label)
+        assert text.evaluate("(label, box) => label.contains(box)", checkbox.element_handle())
+        checkbox_box, label_box = box(checkbox), box(text)
+        # On the label's line, at its start: not a row of its own, not across the column.
+        assert abs(checkbox_box["y"] - label_box["y"]) < label_box["height"]
+        assert checkbox_box["x"] - label_box["x"] < 4
+        assert checkbox_box["width"] < 30
+    push = page.locator("#billing-settings .field-enabled")
+    expect(push.locator("input[type=checkbox]")).to_be_checked()  # a new webhook pushes
+    expect(push.locator(".help")).to_contain_text("Ticked: new records are sent")
+    expect(push.locator(".help")).not_to_contain_text("Off: nothing is sent.")
+    screenshot(page, "billing-settings")
