@@ -6,6 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import log_in, screenshot
+from tests.rentals.vm_helpers import grant_pools, running_vm
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,3 +33,31 @@ def test_billing_checkboxes_sit_beside_their_labels_and_say_what_ticking_does(pa
     expect(push.locator(".help")).to_contain_text("Ticked: new records are sent")
     expect(push.locator(".help")).not_to_contain_text("Off: nothing is sent.")
     screenshot(page, "billing-settings")
+
+
+def test_state_badges_read_as_labels_not_buttons(page, operator, tenant, other_tenant, fleet_east):
+    pools = grant_pools(fleet_east, tenant, other_tenant)
+    running_vm(
+        tenant,
+        pools["a100-standalone"],
+        fleet_east["nodes"]["a100-001"],
+        [0],
+        name="web",
+        ip="10.0.0.9",
+    )
+    log_in(page, operator.username)
+    page.goto("/vms/")
+    badge = page.locator(".vm-state").first
+    button = page.get_by_role("button", name="Filter")
+    style = """el => { const s = getComputedStyle(el); return {
+        cursor: s.cursor, border: s.borderTopColor, radius: parseFloat(s.borderTopLeftRadius),
+        shadow: s.boxShadow, height: el.getBoundingClientRect().height }; }"""
+    label, real = badge.evaluate(style), button.evaluate(style)
+    assert label["cursor"] != "pointer" and label["shadow"] == "none"
+    assert label["border"] == "rgba(0, 0, 0, 0)"  # no frame, where a button has one
+    assert real["border"] != "rgba(0, 0, 0, 0)"
+    assert label["radius"] >= label["height"] / 2 > real["radius"]  # a pill, not a box
+    page.goto("/fleet/nodes/east/a100-001/")
+    node_state = page.locator(".state-badge").first.evaluate(style)
+    assert node_state["border"] == "rgba(0, 0, 0, 0)" and node_state["cursor"] != "pointer"
+    assert node_state["radius"] >= node_state["height"] / 2
