@@ -5,8 +5,9 @@ hyphens, and a node page that fits a phone."""
 import pytest
 from playwright.sync_api import expect
 
+from gpucap.rentals import services
 from tests.browser.conftest import log_in, screenshot
-from tests.rentals.vm_helpers import grant_pools, running_vm
+from tests.rentals.vm_helpers import IMAGE, SSH_KEY, grant_pools, running_vm
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,3 +62,33 @@ def test_state_badges_read_as_labels_not_buttons(page, operator, tenant, other_t
     node_state = page.locator(".state-badge").first.evaluate(style)
     assert node_state["border"] == "rgba(0, 0, 0, 0)" and node_state["cursor"] != "pointer"
     assert node_state["radius"] >= node_state["height"] / 2
+
+
+def test_names_never_wrap_at_their_hyphens_while_reasons_do(
+    page, operator, tenant, other_tenant, fleet_east
+):
+    pools = grant_pools(fleet_east, tenant, other_tenant)
+    services.vm_request(
+        tenant=tenant,
+        pool=pools["h100-spot"],
+        name="h100-spot-train-run-0001",
+        gpu_count=8,
+        image=IMAGE,
+        ssh_public_key=SSH_KEY,
+    )
+    page.set_viewport_size({"width": 1000, "height": 800})
+    log_in(page, operator.username)
+    page.goto("/vms/")
+    row = page.locator("tr.vm-row").first
+    for name in (row.locator("a.vm-name"), row.locator("td.pool-name")):
+        expect(name).to_be_visible()
+        assert name.evaluate("el => getComputedStyle(el).whiteSpace") == "nowrap"
+        lines = name.evaluate(
+            "el => { const r = document.createRange(); r.selectNodeContents(el.firstChild);"
+            " return new Set(Array.from(r.getClientRects(), (x) => Math.round(x.top))).size; }"
+        )
+        assert lines == 1, f"{name} wraps"
+    reason = row.locator(".vm-waiting")
+    expect(reason).to_be_visible()
+    assert reason.evaluate("el => getComputedStyle(el).whiteSpace") == "normal"
+    screenshot(page, "vm-names-unwrapped")
