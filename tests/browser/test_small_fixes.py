@@ -92,3 +92,24 @@ def test_names_never_wrap_at_their_hyphens_while_reasons_do(
     expect(reason).to_be_visible()
     assert reason.evaluate("el => getComputedStyle(el).whiteSpace") == "normal"
     screenshot(page, "vm-names-unwrapped")
+
+
+def test_the_node_page_fits_a_phone(page, operator, tenant, other_tenant, fleet_east):
+    pools = grant_pools(fleet_east, tenant, other_tenant)
+    running_vm(
+        tenant,
+        pools["a100-standalone"],
+        fleet_east["nodes"]["a100-001"],
+        [0, 1],
+        name="a-long-training-run-name",
+        ip="10.0.0.10",
+    )
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, operator.username)
+    page.goto("/fleet/nodes/east/a100-001/")
+    expect(page.locator("table.gpu-table")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    scroller = page.locator(".gpu-table-scroll")
+    # The table is wider than the phone: it scrolls inside its card.
+    assert scroller.evaluate("el => el.scrollWidth > el.clientWidth")
+    screenshot(page, "node-phone")
