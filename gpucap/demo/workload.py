@@ -1,7 +1,9 @@
 """The demo's tenants at work, so `make run` opens on a capacity set with something to decide:
-h100-east is nearly full of spot VMs and two on-demand VMs, and two on-demand requests wait. One
-fits on the free node; the other needs a reclaim, which the set (in dry-run) only previews until
-an operator approves it.
+h100-east is nearly full of spot VMs and two on-demand VMs, and three requests wait: two
+on-demand VMs of 8 GPUs and a spot VM of 4. One on-demand VM fits on the free node; the other
+needs a reclaim, which the set (in dry-run) only previews until an operator approves it. The spot
+request stays unsatisfied (spot may reclaim nothing, and no whole 4-GPU partition is free), so
+the first plan is "incomplete".
 
 Everything goes through the lifecycle services, like an operator placing VMs by hand: the VMs
 are provisioned by the worker `make run` starts (the simulated driver boots them). Loaded once:

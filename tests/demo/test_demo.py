@@ -175,6 +175,13 @@ def test_the_demo_workload_gives_the_h100_set_something_to_decide(loaded):
     assert {(a.vm.pool.name, len(a.gpus)) for a in victims} == {("h100-spot", 4)}
     assert len({a.node.hostname for a in victims}) == 1, "two spot VMs sharing one node"
     assert plan.actions.get(kind="unsatisfied").vm.name == "globex-batch"
+    assert not plan.complete, "the README says the first plan is incomplete"
+    waiting = VirtualMachine.objects.filter(state="pending").order_by("pk")
+    assert [(vm.name, vm.pool.kind, vm.gpu_count) for vm in waiting] == [
+        ("llm-pretrain-b", "on_demand", 8),
+        ("eval-sweep", "on_demand", 8),
+        ("globex-batch", "spot", 4),
+    ], "the README names the three requests waiting"
     assert "demo workload: VMs exist already" in demo()
 
 
