@@ -6,6 +6,7 @@ tenant's portal read-only: it renders without its forms. A tenant that is not yo
 as if it did not exist.
 """
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -52,6 +53,7 @@ def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
     now = timezone.now()
     context = {"nav": tenant_nav(request), "tenant": tenant, "site": site_url(request), "now": now}
+    context["keys_flush_seconds"] = settings.INFERENCE_KEYS_FLUSH_SECONDS
     if wants_fragment(request):
         context["live"] = selectors.portal_live(tenant=tenant, now=now)
     else:
