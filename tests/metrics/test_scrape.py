@@ -244,6 +244,23 @@ def test_plans_made_and_applied_are_counted_and_pruning_does_not_lower_them(
     assert again.value("gpucap_plans_applied_total", set="h100-east", mode="enforce") == 2
 
 
+def test_replans_with_nothing_to_do_are_counted_as_folded_not_as_made(
+    fleet_east, operator, scrape, sent_tasks, django_capture_on_commit_callbacks
+):
+    h100 = fleet_east["sets"]["h100-east"]
+    node = fleet_east["nodes"]["h100-001"]
+    assert scrape().value("gpucap_plans_folded_total", set="h100-east") == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        first = plans.capacity_set_tick(capacity_set_id=h100.pk).plan
+        for _ in range(2):
+            fleet.node_cordon(node=node, actor=operator)
+            fleet.node_uncordon(node=node, actor=operator)
+            assert plans.capacity_set_tick(capacity_set_id=h100.pk).plan == first
+    seen = scrape()
+    assert seen.value("gpucap_plans_made_total", set="h100-east", mode="dry_run") == 1
+    assert seen.value("gpucap_plans_folded_total", set="h100-east") == 2
+
+
 def test_a_refused_apply_is_not_counted_as_applied(
     fleet_east, tenant, operator, scrape, sent_tasks, django_capture_on_commit_callbacks
 ):
