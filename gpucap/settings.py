@@ -300,6 +300,13 @@ RENTALS_BOOT_TIMEOUT_SECONDS = env_int("RENTALS_BOOT_TIMEOUT_SECONDS", 900, mini
 # How long a VM may wait for its task before the reconciler sends the task again.
 RENTALS_RECONCILE_GRACE_SECONDS = env_int("RENTALS_RECONCILE_GRACE_SECONDS", 120, minimum=0)
 
+# The invariant audit (manage.py audit_invariants): how long after its deadline a notified VM
+# may still hold its GPUs (the stop itself: the sweep, the driver, the guest's shutdown), and
+# how long a VM may stay provisioning or stopping (or an approved placement wait with nobody
+# leaving for it) before it counts as stuck.
+AUDIT_DEADLINE_TOLERANCE_SECONDS = env_int("AUDIT_DEADLINE_TOLERANCE_SECONDS", 60, minimum=0)
+AUDIT_STUCK_SECONDS = env_int("AUDIT_STUCK_SECONDS", 1200, minimum=1)
+
 # Tests only: the kill point (gpucap.killpoints) at which this worker SIGKILLs its own process
 # group. Leave it unset anywhere else.
 TEST_KILL_AT = env_str("TEST_KILL_AT", "")
