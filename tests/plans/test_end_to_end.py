@@ -27,6 +27,7 @@ from gpucap.fleet.models import CapacitySet
 from gpucap.notices import cache
 from gpucap.notices.cache import utc_z
 from gpucap.notices.models import InterruptionNotice
+from gpucap.plans.invariants import invariants_audit
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
@@ -356,3 +357,9 @@ def test_dry_run_plan_then_approve_then_enforcement_on_a_live_fleet(
     assert state_of(train) == State.RUNNING
     assert [state_of(vm) for vm in spared if vm != victim] == [State.RUNNING]
     assert gpus_held_twice() == []
+
+    # 6. The invariant audit finds the story sound, the hypervisor and the guests' metadata
+    #    documents included.
+    metadata.resync()
+    report = invariants_audit(hypervisor=True, metadata=True)
+    assert report.ok, [f"{v.rule} {v.subject}: {v.why}" for v in report.violations]
