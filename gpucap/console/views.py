@@ -24,7 +24,7 @@ from gpucap.notices import drains
 from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
 from gpucap.plans.views import SET_CHANGED, set_page_context, what_if_context
 from gpucap.rentals.selectors import gpu_holders
-from gpucap.usage.views import allocation_context
+from gpucap.usage.views import AllocationSpan, allocation_context, allocation_span
 from gpucap.web.live import content_key
 from gpucap.web.pages import operator_required, render_page
 
@@ -108,17 +108,20 @@ def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
 @operator_required
 def capacity_set_live(request: HttpRequest, name: str) -> HttpResponse:
     """The set page's poll: 204 while the page shows what a fresh render would (``since`` is
-    the key of what it shows), else every live region, each replacing itself out of band, and
-    the poll with the new key. Opened as a page, it leads to the set page."""
+    the key of what it shows; the chart is not even drawn then), else every live region, each
+    replacing itself out of band, and the poll with the new key. Opened as a page, it leads to
+    the set page."""
     if not request.htmx:
         return redirect("fleet:capacity-set-detail", name=name)
     regions = _set_regions(request, name)
     if request.GET.get("since") == regions.key:
         response = HttpResponse(status=204)
     else:
-        context = {"overview": regions.context["overview"], "live_key": regions.key}
+        context = {**regions.context, "live_key": regions.key}
+        context.update(allocation_context(context["capacity_set"], span=regions.span))
+        chart = render_to_string("console/set_chart.html", context, request=request)
         poll = render_to_string("console/set_poll.html", context, request=request)
-        response = HttpResponse(regions.html + poll)
+        response = HttpResponse(regions.html + chart + poll)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -165,26 +168,26 @@ GRID_NODE_LIMIT = 64
 
 @dataclass(frozen=True)
 class SetRegions:
-    """The live regions of a set page, rendered, the context they were rendered with, and the
-    key of what they show (the chart counts by its last step, not its averages, which move with
-    the clock: it is redrawn with any other change, and when a new step begins)."""
+    """The live regions of a set page but the chart, rendered, the context they were rendered
+    with, the chart's span, and the key of what the page shows: the regions, and the chart by
+    its last step (its averages move with the clock; it is redrawn with any other change, and
+    when a new step begins)."""
 
     html: str
     context: dict
+    span: AllocationSpan
     key: str
 
 
 def _set_regions(request: HttpRequest, name: str) -> SetRegions:
-    """Every live region of the set page, in a fixed number of queries whatever the set's size:
-    the nodes and pools, the arbiter's plans, and the allocation chart over the span the page
-    shows (``days``)."""
+    """Every live region of the set page but the chart, in a fixed number of queries whatever
+    the set's size: the header, the arbiter, the plans, the pools and nodes."""
     set_nodes = selectors.capacity_set_nodes(name=name, grid_limit=GRID_NODE_LIMIT)
     overview, capacity_set = set_nodes.overview, set_nodes.overview.capacity_set
     draining = [node for node in set_nodes.nodes if node.state == Node.State.DRAINING]
     blockers = drain_blockers_by_node(draining)  # two queries for all of them
     context = {
         **set_page_context(capacity_set, pools=overview.pools, gpu_total=overview.totals.gpus),
-        **allocation_context(capacity_set, days=request.GET.get("days", "")),
         "nav": "capacity_sets",
         "overview": overview,
         # A cordoned node may still be drained on its own page; the set's button is for a
@@ -196,12 +199,10 @@ def _set_regions(request: HttpRequest, name: str) -> SetRegions:
         "node_states": set_nodes.states,
         "grid_query": urlencode({"capacity_set": capacity_set.name}),
     }
+    span = allocation_span(request.GET.get("days", ""))
     html = render_to_string("console/set_regions.html", context, request=request)
-    chart = render_to_string("console/set_chart.html", context, request=request)
     return SetRegions(
-        html=html + chart,  # safe: both rendered by the template engine
-        context=context,
-        key=content_key(html, context["chart_step"]),
+        html=html, context=context, span=span, key=content_key(html, span.days, span.last_step)
     )
 
 

@@ -1,7 +1,8 @@
 """Usage pages: totals, charts and exports for operators and tenants; the billing webhook's
 settings and deliveries for operators."""
 
-from datetime import UTC, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -130,33 +131,48 @@ def set_allocation(request: HttpRequest, name: str) -> HttpResponse:
     """GPUs held per pool of a capacity set over the last 1, 7 (default) or 30 days: the
     fragment the set page shows in its "GPU allocation" panel when a span is chosen."""
     capacity_set = get_object_or_404(CapacitySet, name=name)
-    context = allocation_context(capacity_set, days=request.GET.get("days", ""))
+    span = allocation_span(request.GET.get("days", ""))
+    context = allocation_context(capacity_set, span=span)
     return render(request, "components/usage_chart_allocation.html", context)
 
 
-def allocation_context(capacity_set: CapacitySet, *, days: str) -> dict:
-    """The allocation chart of ``capacity_set`` over ``days`` ("1", "7" or "30"; anything
-    else is 7), and the start of its last step (``chart_step``: a live page redraws the chart
-    at least whenever a new step begins). Two queries."""
+@dataclass(frozen=True)
+class AllocationSpan:
+    """The steps an allocation chart over ``days`` shows now: whole steps from ``since``, the
+    last one (``last_step``) running up to ``now``."""
+
+    days: str
+    step: timedelta
+    since: datetime
+    last_step: datetime
+    now: datetime
+
+
+def allocation_span(days: str) -> AllocationSpan:
+    """The span of ``days`` ("1", "7" or "30"; anything else is 7) as of now. No query: a live
+    page keys its chart by ``last_step`` (it redraws the chart at least when a new one begins)."""
     if days not in ALLOCATION_SPANS:
         days = "7"
     step = ALLOCATION_SPANS[days]
     now = timezone.now()
-    until = now
     # The step now is in (a step ending exactly now is the last one), and whole steps before.
     last_step = (now - timedelta(microseconds=1)).astimezone(UTC)
     last_step = last_step.replace(minute=0, second=0, microsecond=0)
     last_step -= timedelta(hours=last_step.hour % int(step.total_seconds() // 3600))
     since = last_step - int(timedelta(days=int(days)) / step - 1) * step
+    return AllocationSpan(days=days, step=step, since=since, last_step=last_step, now=now)
+
+
+def allocation_context(capacity_set: CapacitySet, *, span: AllocationSpan) -> dict:
+    """The allocation chart of ``capacity_set`` over ``span``. Two queries."""
     held = selectors.gpus_held_per_pool(
-        capacity_set=capacity_set, since=since, until=until, step=step, now=now
+        capacity_set=capacity_set, since=span.since, until=span.now, step=span.step, now=span.now
     )
     return {
         "capacity_set": capacity_set,
-        "days": days,
+        "days": span.days,
         "spans": [("1", "24 hours"), ("7", "7 days"), ("30", "30 days")],
         "chart": charts.gpus_held_chart(held),
-        "chart_step": last_step,
     }
 
 

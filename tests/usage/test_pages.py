@@ -257,12 +257,15 @@ def allocation_url(days: str | None = None) -> str:
     return f"{url}?days={days}" if days else url
 
 
-def test_set_page_shows_the_allocation_chart_over_the_last_7_days(operator_client, fleet_east):
+def test_set_page_loads_the_allocation_chart(operator_client, fleet_east):
     page = operator_client.get(reverse("fleet:capacity-set-detail", args=["h100-east"]))
 
-    chart = page.content.decode().split('id="set-allocation"')[1]
-    assert 'id="gpus-held"' in chart and 'aria-current="true">7 days</a>' in chart
-    assert f'hx-get="{allocation_url("1")}"' in chart, "another span is one click away"
+    assert f'hx-get="{allocation_url()}" hx-trigger="load"' in page.content.decode()
+
+
+def test_the_chart_tells_the_set_pages_poll_which_span_is_shown(operator_client, fleet_east):
+    chart = operator_client.get(allocation_url("30"), headers=HTMX).content.decode()
+    assert '<input type="hidden" id="chart-days" name="days" value="30">' in chart
 
 
 def test_allocation_chart_shows_gpus_held_per_pool_of_the_set_only(operator_client, usage):
