@@ -303,3 +303,15 @@ def metadata_test_redis():
     settings.METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"
     yield metadata_redis()
     settings.METADATA_REDIS_URL = previous
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A started Redis server of this test's own on a free port (tests/redis_server.py), to
+    stop or restart empty; killed at teardown."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

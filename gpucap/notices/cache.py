@@ -10,9 +10,14 @@ it lets go of its GPUs. The endpoint reads
 only this key, so it needs no session, template or ORM work per request. Services publish after
 their transaction commits; ``metadata_resync`` rebuilds every key (run by the periodic sweep) so
 a lost publish heals within one sweep interval.
+
+Each full resync also writes ``SYNCED_KEY``. A Redis that comes back empty lacks it: the
+endpoint then answers 503 rather than "no VM at this address" and has the store rebuilt at once
+(gpucap/edge/resync.py), one process of the fleet at a time (``RESYNC_CLAIM_KEY``).
 """
 
 import json
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
@@ -23,6 +28,8 @@ from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.selectors import vm_login_user, with_login_user
 
 KEY_PREFIX = "gpucap:imds:ip:"
+SYNCED_KEY = "gpucap:imds:synced"  # when the last full resync ended (epoch seconds)
+RESYNC_CLAIM_KEY = "gpucap:imds:resync-claim"
 
 
 def metadata_key(ip_address: str) -> str:
@@ -106,6 +113,8 @@ def metadata_resync() -> int:
         pipe.set(key, document)
     for key in stale:
         pipe.delete(key)
+    # Last, in the same round trip: present only once every document is.
+    pipe.set(SYNCED_KEY, str(time.time()))
     pipe.execute()
     return len(documents)
 

@@ -10,6 +10,10 @@ The VM is the request's source address; behind a trusted per-node proxy
 (``METADATA_TRUSTED_PROXIES``), the last address that proxy added to ``X-Forwarded-For``. A
 request carrying ``X-Forwarded-For`` from anyone else is refused: a guest could otherwise claim
 another VM's address. IMDSv2 tokens need no storage: ``<expiry>.<HMAC(address, expiry)>``.
+
+While its Redis cannot be reached, or holds no full resync (it restarted empty: no
+``SYNCED_KEY``), the endpoint answers 503 with ``Retry-After`` in each flavour's own format,
+never a false "no VM at this address"; an empty store is rebuilt at once (gpucap/edge/resync.py).
 """
 
 import asyncio
@@ -26,15 +30,18 @@ from functools import lru_cache
 from urllib.parse import parse_qs
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
 from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json, send_text
 from gpucap.edge.loops import PerLoop, lifespan
+from gpucap.edge.resync import CLAIM_SECONDS, RETRY_AFTER_SECONDS, StoreUnsynced, resync_start
 from gpucap.errors import Conflict
 from gpucap.metrics import METADATA_LATENCY, METADATA_REQUESTS
-from gpucap.notices.cache import metadata_key
+from gpucap.notices import cache
+from gpucap.notices.cache import metadata_key, metadata_resync
 from gpucap.notices.services import notice_acknowledge
 from gpucap.redis_clients import async_redis
 from gpucap.rentals.models import VirtualMachine
@@ -99,7 +106,26 @@ async def _answer(scope, receive, send) -> None:
         allow = ", ".join(methods)
         await _text(send, 405, "method not allowed", headers=[(b"allow", allow.encode())])
         return
-    await handler(request, address, send)
+    try:
+        await handler(request, address, send)
+    except StoreUnsynced:
+        await _unavailable(scope["path"], send, "the metadata service is catching up")
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        await _unavailable(scope["path"], send, "the metadata service cannot reach its store")
+
+
+async def _unavailable(path: str, send, reason: str) -> None:
+    """503 with Retry-After, in the asking flavour's own format. Handlers read the store before
+    they answer, so nothing has been sent yet."""
+    message = f"{reason}; retry in {RETRY_AFTER_SECONDS} s"
+    headers = [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]
+    flavour = _flavour(path)
+    if flavour == "gcp":
+        await _text(send, 503, message, headers=[*headers, (b"metadata-flavor", b"Google")])
+    elif flavour == "ec2":
+        await _text(send, 503, message, headers=headers)
+    else:
+        await _json(send, 503, {"error": message}, headers=headers)
 
 
 def _flavour(path: str) -> str:
@@ -477,8 +503,17 @@ class _Request:
 
 
 async def _document(address: str) -> dict | None:
-    raw = await _redis.get().get(metadata_key(address))
-    return None if raw is None else json.loads(raw)
+    """The VM's document, None when there is no VM at ``address``; raises StoreUnsynced when
+    the store cannot tell (no full resync in it), having had it rebuilt."""
+    client = _redis.get()
+    raw, synced = await client.mget(metadata_key(address), cache.SYNCED_KEY)
+    if raw is not None:
+        return json.loads(raw)
+    if synced is None:
+        if await client.set(cache.RESYNC_CLAIM_KEY, b"1", nx=True, ex=CLAIM_SECONDS):
+            resync_start("metadata", metadata_resync)
+        raise StoreUnsynced
+    return None
 
 
 _redis: PerLoop[aioredis.Redis] = PerLoop(lambda: async_redis(settings.METADATA_REDIS_URL))

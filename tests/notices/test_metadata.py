@@ -22,6 +22,7 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_issue
 from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
+from tests.redis_server import free_port
 
 State = VirtualMachine.State
 A, B = "127.0.0.1", "127.0.0.2"
@@ -41,8 +42,13 @@ def server(transactional_db, settings, monkeypatch, metadata_test_redis, sent_ta
     # Keys of this pytest process only: parallel runs use the same addresses in the same Redis.
     prefix = f"gpucap:imds:test{os.getpid()}:ip:"
     monkeypatch.setattr(cache, "KEY_PREFIX", prefix)
+    monkeypatch.setattr(cache, "SYNCED_KEY", f"gpucap:imds:test{os.getpid()}:synced")
+    monkeypatch.setattr(cache, "RESYNC_CLAIM_KEY", f"gpucap:imds:test{os.getpid()}:resync-claim")
     for key in metadata_test_redis.scan_iter(match=f"{prefix}*"):
         metadata_test_redis.delete(key)
+    # A store that has been synced (empty, as the test database is): absent documents are
+    # VMs that do not exist (the tests of faults below use a Redis of their own).
+    metadata_test_redis.set(cache.SYNCED_KEY, "0")
     from gpucap.asgi import application
 
     sock = socket.socket()
@@ -559,3 +565,59 @@ def test_a_document_published_before_addresses_and_keys_answers_404_for_them(gue
     assert guest_a.ec2("instance-id", token).data.decode() == vm.instance_id
     for path in ("local-ipv4", "public-keys/", "public-keys/0/openssh-key"):
         assert guest_a.ec2(path, token).status == 404, path
+
+
+# --- faults: Redis down, or back without its data ------------------------------------------------
+
+
+def _every_flavour(guest: Guest, address: str) -> dict[str, urllib3.BaseHTTPResponse]:
+    return {
+        "ec2 token": guest.request(
+            "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+        ),
+        "ec2": guest.ec2("spot/instance-action", token_mint(address=address, ttl=60)),
+        "gcp": guest.request("GET", "/computeMetadata/v1/instance/preempted", GOOGLE),
+        "azure": guest.request("GET", "/metadata/scheduledevents", AZURE),
+        "native": guest.request("GET", "/metadata/v1/interruption"),
+    }
+
+
+def test_while_redis_is_down_every_flavour_answers_503_with_retry_after(guest_a, vm_at, settings):
+    notify(vm_at(A))
+    settings.METADATA_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+
+    responses = _every_flavour(guest_a, A)
+
+    assert {name: r.status for name, r in responses.items()} == dict.fromkeys(responses, 503)
+    assert {r.headers["Retry-After"] for r in responses.values()} == {"1"}
+    assert responses["gcp"].headers["Metadata-Flavor"] == "Google"
+    for name in ("azure", "native"):
+        assert "cannot reach its store" in json.loads(responses[name].data)["error"]
+    assert b"cannot reach its store" in responses["ec2"].data
+
+
+def test_a_store_back_empty_is_rebuilt_at_once_and_never_answers_no_vm(
+    server, vm_at, settings, own_redis
+):
+    settings.METADATA_REDIS_URL = own_redis.url()
+    guest_a, stranger = Guest(server, A), Guest(server, "127.0.0.3")
+    notify(vm_at(A))
+    cache.metadata_resync()  # the periodic resync has run
+    assert guest_a.request("GET", "/metadata/v1/interruption").status == 200
+
+    own_redis.restart_empty()
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        response = guest_a.request("GET", "/metadata/v1/interruption")
+        seen.append(response.status)
+        if response.status != 503:
+            break
+        assert response.headers["Retry-After"] == "1"
+        time.sleep(0.05)
+
+    # Never "no VM at this address" meanwhile: the store was rebuilt at once, not waited for.
+    assert response.status == 200, (seen, response.data)
+    assert json.loads(response.data)["reason"] == InterruptionNotice.Reason.RECLAIM
+    # Synced again, an address that is no VM is told so.
+    assert stranger.request("GET", "/metadata/v1/interruption").status == 404
