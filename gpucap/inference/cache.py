@@ -26,10 +26,14 @@ Counters the router keeps (and the autoscaler and pages read), per deployment sl
   database by ``inference.keys_flush``).
 
 Services publish after their transaction commits; ``inference_resync`` rebuilds every
-document (beat), so a lost publish heals within one interval.
+document (beat), so a lost publish heals within one interval. Each full resync also writes
+``synced_key()``: a Redis back without its data lacks it, and the router then answers 503 rather
+than a false 401 and has the documents rebuilt at once (gpucap/edge/resync.py), one process of
+the fleet at a time (``resync_claim_key()``).
 """
 
 import json
+import time
 from collections.abc import Iterable
 
 from django.db.models import Prefetch
@@ -68,6 +72,15 @@ def failing_key(slug: str) -> str:
 
 def used_key(prefix: str) -> str:
     return f"{PREFIX}used:{prefix}"
+
+
+def synced_key() -> str:
+    """When the last full resync ended (epoch seconds); absent: never synced, or data lost."""
+    return f"{PREFIX}synced"
+
+
+def resync_claim_key() -> str:
+    return f"{PREFIX}resync-claim"
 
 
 def route_document(deployment, replicas) -> dict:
@@ -170,6 +183,8 @@ def inference_resync() -> int:
     for api_key in ApiKey.objects.select_related("tenant", "deployment"):
         pipe.set(api_key_key(api_key.prefix), json.dumps(key_document(api_key)))
         count += 1
+    # Last, in the same round trip: present only once every document is.
+    pipe.set(synced_key(), str(time.time()))
     pipe.execute()
     return count
 

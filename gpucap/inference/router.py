@@ -51,6 +51,7 @@ from django.conf import settings
 
 from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json
 from gpucap.edge.loops import PerLoop
+from gpucap.edge.resync import CLAIM_SECONDS, StoreUnsynced, resync_start
 from gpucap.inference import cache
 from gpucap.inference.keys import key_matches, key_parse
 from gpucap.inference.redis_batch import (
@@ -133,6 +134,8 @@ async def router_app(scope, receive, send) -> None:
         key = redis.copies.get(key_key, _MISSING)
         if route is _MISSING or key is _MISSING:
             route, key = await redis.documents((route_key, key_key), (_route_parse, _key_parse))
+        if route is None or key is None:
+            await _store_synced(redis)
         _key_check(key, secret, slug, route)
         label = route.slug
         handler = _handler(scope["method"], rest)
@@ -140,17 +143,33 @@ async def router_app(scope, receive, send) -> None:
     except Refusal as refusal:
         status = refusal.status
         await send_json(send, refusal.status, refusal.body(), headers=refusal.headers)
-    except RedisUnavailable as error:
-        log.error("inference router: %s", error)
+    except (RedisUnavailable, StoreUnsynced) as error:
+        reason = (
+            "cannot reach its store" if isinstance(error, RedisUnavailable) else "is catching up"
+        )
+        if isinstance(error, RedisUnavailable):
+            log.error("inference router: %s", error)
         unavailable = Refusal(
             503,
-            "The router cannot reach its store; retry shortly.",
+            f"The router {reason}; retry shortly.",
             kind="server_error",
             code="router_unavailable",
         )
         status = 503
         await send_json(send, 503, unavailable.body(), headers=_retry_after())
     _counted(label, status, time.perf_counter() - started)
+
+
+async def _store_synced(redis: RedisBatch) -> None:
+    """Return if the store holds a full resync; otherwise have it rebuilt and raise
+    StoreUnsynced: a document missing from a store that lost its data (Redis restarted empty)
+    says nothing about the key or the deployment, and a 401 would be false."""
+    if await redis.execute(b"EXISTS", cache.synced_key()):
+        return
+    claim = (b"SET", cache.resync_claim_key(), b"1", b"NX", b"EX", CLAIM_SECONDS)
+    if await redis.execute(*claim) is not None:
+        resync_start("inference", cache.inference_resync)
+    raise StoreUnsynced
 
 
 # --- who is asking -------------------------------------------------------------------------------

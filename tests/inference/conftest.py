@@ -22,6 +22,7 @@ def inference_redis(settings):
     settings.INFERENCE_REDIS_URL = INFERENCE_TEST_REDIS
     client = cache.inference_redis()
     keys_delete(client, f"{cache.PREFIX}*")
+    client.set(cache.synced_key(), "0")  # synced, with nothing in it: the test database is empty
     yield client
     keys_delete(client, f"{cache.PREFIX}*")
 

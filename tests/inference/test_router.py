@@ -32,6 +32,7 @@ from gpucap.inference.models import ApiKey
 from gpucap.inference.tasks import probe_replicas
 from gpucap.notices.services import notice_issue
 from gpucap.rentals import services as rentals
+from tests.redis_server import free_port
 from tests.rentals.conftest import _record_sent
 
 ROUTER_TEST_REDIS = "redis://127.0.0.1:6379/11"
@@ -52,6 +53,7 @@ def inference_redis(settings, monkeypatch):
     monkeypatch.setattr(cache, "PREFIX", f"gpucap:inference:test{os.getpid()}:")
     client = cache.inference_redis()
     _delete_matching(client, f"{cache.PREFIX}*")
+    client.set(cache.synced_key(), "0")  # synced, with nothing in it: the test database is empty
     yield client
     _delete_matching(client, f"{cache.PREFIX}*")
 
@@ -702,3 +704,47 @@ def test_requests_are_counted_and_the_keys_use_recorded(server, serving, key):
     assert sum(int(n) for n in counted if n) == 5
     used = ApiKey.objects.get().last_used_at
     assert used is not None and used.timestamp() >= before - 0.001
+
+
+# --- faults: Redis down, or back without its data ------------------------------------------------
+
+
+def test_while_redis_is_down_the_router_answers_503_with_retry_after(
+    server, serving, key, settings
+):
+    deployment = serving(1)
+    secret = key(deployment)
+    settings.INFERENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+
+    response = chat(server, deployment, secret)
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "router_unavailable"
+    assert "cannot reach its store" in response.json()["error"]["message"]
+    assert response.headers["retry-after"] == "1"
+
+
+def test_a_store_back_empty_is_rebuilt_at_once_and_a_valid_key_is_never_refused(
+    transactional_db, server, serving, key, settings, own_redis
+):
+    settings.INFERENCE_REDIS_URL = own_redis.url()
+    deployment = serving(1)
+    secret = key(deployment)
+    cache.inference_resync()  # the periodic resync has run
+    assert chat(server, deployment, secret).status_code == 200
+
+    own_redis.restart_empty()
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        response = chat(server, deployment, secret)
+        seen.append(response.status_code)
+        if response.status_code != 503:
+            break
+        assert response.headers["retry-after"] == "1"
+        time.sleep(0.05)
+
+    # Never a 401 meanwhile: the documents were rebuilt at once, not waited for.
+    assert response.status_code == 200, (seen, response.text)
+    # Synced again, a key that does not exist is refused.
+    assert chat(server, deployment, "gpk_AAAAAAAAAA_" + "A" * 40).status_code == 401
