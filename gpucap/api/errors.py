@@ -2,9 +2,14 @@
 
 Every error answers ``{"error": {"code": ..., "message": ..., "fields": {field: [reasons]}}}``
 whether it came from a serializer, a service (Django ``ValidationError`` / ``Conflict``),
-authentication, a missing object, or a path under /api/ that names no endpoint.
+authentication, a missing object, or a path under /api/ that names no endpoint. A store the
+request needs that cannot be reached (Redis: the throttles' counts, the caches) is a 503 with
+``Retry-After``, code ``unavailable``: the client may retry, and nothing was changed.
 """
 
+import logging
+
+import redis.exceptions
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
@@ -15,6 +20,10 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from gpucap.errors import Conflict
+
+RETRY_AFTER_SECONDS = 1
+
+log = logging.getLogger(__name__)
 
 
 def error_body(code: str, message: str, fields: dict | None = None) -> dict:
@@ -66,6 +75,14 @@ def exception_handler(exc, context):
         )
     if isinstance(exc, Conflict):
         return Response(error_body(exc.code, exc.message), status.HTTP_409_CONFLICT)
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        log.error("API: Redis unreachable: %s", exc)
+        message = "a store this request needs cannot be reached; retry shortly"
+        return Response(
+            error_body("unavailable", message),
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 from gpucap.fleet import services as fleet
 from gpucap.tenancy.models import Membership, Tenant
 from tests.conftest import PASSWORD
+from tests.redis_server import free_port
 
 
 def slugs(response) -> list[str]:
@@ -193,4 +194,23 @@ def test_token_guesses_from_one_address_are_throttled_with_retry_after(member, m
     assert guesses[3].data["error"]["code"] == "throttled"
     assert 0 < int(guesses[3]["Retry-After"]) <= 60
     assert right.status_code == 429, "the right password waits too: no oracle while throttled"
+    assert not Token.objects.exists()
+
+
+def test_while_redis_is_down_the_token_endpoint_answers_503_in_the_error_shape(member, settings):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        }
+    }
+
+    response = APIClient().post(
+        "/api/token/", {"username": "mallory", "password": PASSWORD}, format="json"
+    )
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "unavailable"
+    assert "retry" in response.json()["error"]["message"]
     assert not Token.objects.exists()
