@@ -105,7 +105,7 @@ def write_documents(guests: list[str]) -> set[str]:
     """The documents gpucap.notices.cache keeps, straight into the bench's Redis database."""
     import redis
 
-    from gpucap.notices.cache import KEY_PREFIX, metadata_key, utc_z
+    from gpucap.notices.cache import KEY_PREFIX, SYNCED_KEY, metadata_key, utc_z
     from gpucap.redis_clients import keys_delete
 
     client = redis.Redis.from_url(ENV["METADATA_REDIS_URL"])
@@ -123,6 +123,7 @@ def write_documents(guests: list[str]) -> set[str]:
                 "deadline": utc_z(now + timedelta(seconds=120)),
             }
         pipe.set(metadata_key(address), json.dumps({"vm": f"vm-{n + 1}", "notice": notice}))
+    pipe.set(SYNCED_KEY, "0")  # as a full resync leaves it: an absent document is no VM
     pipe.execute()
     return notified
 

@@ -165,6 +165,7 @@ def write_documents(base: str) -> str:
     }
     client.set(cache.route_key(SLUG), json.dumps(route))
     client.set(cache.api_key_key(prefix), json.dumps(key))
+    client.set(cache.synced_key(), "0")  # as a full resync leaves it: an absent key is no key
     return secret
 
 

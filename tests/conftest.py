@@ -258,7 +258,12 @@ def fast_password_hashing():
     hashers.get_hashers_by_algorithm.cache_clear()
 
 
-TEST_BROKER_URL = "redis://127.0.0.1:6379/15"
+# The Redis databases test runs write to, from the environment (the README's "Tests"): tests
+# delete only the keys they wrote, so a database may be shared, but never pick one that holds
+# anything another program needs emptied or intact under gpucap's key names.
+TEST_BROKER_URL = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15")
+TEST_METADATA_REDIS_URL = os.environ.get("TEST_METADATA_REDIS_URL", "redis://127.0.0.1:6379/14")
+TEST_INFERENCE_REDIS_URL = os.environ.get("TEST_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -294,14 +299,22 @@ def simulated_fleet_empty(django_db_modify_db_settings):
 
 @pytest.fixture(scope="session", autouse=True)
 def metadata_test_redis():
-    """The metadata cache of test runs lives in a Redis database of its own."""
+    """The metadata cache of test runs lives in a Redis database of its own
+    (TEST_METADATA_REDIS_URL), a store that counts as synced: a document that is absent there
+    is a VM that does not exist (the tests of an empty store use a Redis of their own)."""
+    import redis
     from django.conf import settings
 
+    from gpucap.notices.cache import SYNCED_KEY
     from gpucap.redis_clients import metadata_redis
 
     previous = settings.METADATA_REDIS_URL
-    settings.METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"
-    yield metadata_redis()
+    settings.METADATA_REDIS_URL = TEST_METADATA_REDIS_URL
+    client = metadata_redis()
+    # Redis down: the tests that need Redis will say it is down.
+    with contextlib.suppress(redis.ConnectionError):
+        client.set(SYNCED_KEY, "0")
+    yield client
     settings.METADATA_REDIS_URL = previous
 
 

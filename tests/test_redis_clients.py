@@ -6,12 +6,11 @@ import os
 import redis
 
 from gpucap.redis_clients import keys_delete
+from tests.conftest import TEST_INFERENCE_REDIS_URL
 
 
 def test_keys_delete_takes_only_the_matching_keys():
-    client = redis.Redis.from_url(
-        os.environ.get("TEST_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/13")
-    )
+    client = redis.Redis.from_url(TEST_INFERENCE_REDIS_URL)
     mine = [f"gpucap:test{os.getpid()}:k{n}" for n in range(1203)]
     neighbour = f"someone-else:{os.getpid()}"
     client.mset(dict.fromkeys([*mine, neighbour], "x"))

@@ -2,17 +2,16 @@
 a standalone inference pool on the cluster's A100 node; the router's Redis documents go to a
 Redis database of the tests' own."""
 
-import os
-
 import pytest
 
 from gpucap.fleet import services as fleet
 from gpucap.inference import cache
 from gpucap.inference import services as inference
 from gpucap.redis_clients import keys_delete
+from tests.conftest import TEST_INFERENCE_REDIS_URL
 
 # The Redis database the inference tests write their documents to (TEST_INFERENCE_REDIS_URL).
-INFERENCE_TEST_REDIS = os.environ.get("TEST_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/13")
+INFERENCE_TEST_REDIS = TEST_INFERENCE_REDIS_URL
 
 
 @pytest.fixture(autouse=True)

@@ -14,11 +14,12 @@ import urllib3
 from django.db import connection
 
 from gpucap.notices.cache import KEY_PREFIX
+from tests.conftest import TEST_METADATA_REDIS_URL
 from tests.metrics.conftest import Scrape
 from tests.rentals.conftest import _database_url
 
 ROOT = Path(__file__).resolve().parents[2]
-METADATA_TEST_REDIS = "redis://127.0.0.1:6379/14"
+METADATA_TEST_REDIS = TEST_METADATA_REDIS_URL
 NATIVE_404 = {"flavour": "native", "code": "404"}
 
 # One process answering ``n`` metadata requests from an address that has no VM (404), as a

@@ -20,7 +20,7 @@ from gpucap.plans.models import Plan
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from gpucap.usage import services as usage
-from tests.conftest import run_in_new_loop
+from tests.conftest import TEST_METADATA_REDIS_URL, run_in_new_loop
 from tests.metrics.conftest import Scrape
 from tests.rentals.vm_helpers import request_vm, running_vm
 
@@ -353,7 +353,7 @@ def guest_request(method: str, path: str, headers: dict | None = None, query: by
 def test_metadata_requests_are_counted_by_flavour_and_status(
     scrape, settings, metadata_test_redis, monkeypatch
 ):
-    settings.METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"
+    settings.METADATA_REDIS_URL = TEST_METADATA_REDIS_URL
     monkeypatch.setattr(cache, "KEY_PREFIX", "gpucap:imds:metrics-test:ip:")
     before = scrape()
 

@@ -22,6 +22,7 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_issue
 from gpucap.rentals import services
 from gpucap.rentals.models import Allocation, VirtualMachine
+from tests.conftest import TEST_METADATA_REDIS_URL
 from tests.redis_server import free_port
 
 State = VirtualMachine.State
@@ -37,7 +38,7 @@ AZURE = {"Metadata": "true"}
 def server(transactional_db, settings, monkeypatch, metadata_test_redis, sent_tasks):
     """gpucap.asgi.application under uvicorn in a thread, on the test database and the test
     metadata Redis; the options are the Procfile's."""
-    settings.METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"  # where metadata_test_redis writes
+    settings.METADATA_REDIS_URL = TEST_METADATA_REDIS_URL  # where metadata_test_redis writes
     settings.METADATA_TRUSTED_PROXIES = []
     # Keys of this pytest process only: parallel runs use the same addresses in the same Redis.
     prefix = f"gpucap:imds:test{os.getpid()}:ip:"

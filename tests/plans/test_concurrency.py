@@ -29,6 +29,7 @@ from gpucap.plans import services
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
+from tests.conftest import TEST_METADATA_REDIS_URL
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.conftest import wait_for
 from tests.rentals.vm_helpers import request_vm, world
@@ -235,7 +236,7 @@ class Beat:
 
 WORKER_ENV = {
     "PLANS_DEBOUNCE_SECONDS": "1",
-    "METADATA_REDIS_URL": "redis://127.0.0.1:6379/14",
+    "METADATA_REDIS_URL": TEST_METADATA_REDIS_URL,
     "RENTALS_RECONCILE_GRACE_SECONDS": "2",
 }
 

@@ -31,6 +31,7 @@ from gpucap.plans.invariants import invariants_audit
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
+from tests.conftest import TEST_METADATA_REDIS_URL
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.conftest import queue_in_flight, wait_for
 from tests.rentals.vm_helpers import request_vm
@@ -44,7 +45,7 @@ SPOT_PLACES = [
     (node, half) for node in ("h100-001", "h100-002") for half in ([0, 1, 2, 3], [4, 5, 6, 7])
 ]
 NOTICE_SECONDS = 3
-METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"  # the test runs' metadata Redis (conftest)
+METADATA_REDIS_URL = TEST_METADATA_REDIS_URL  # the test runs' metadata Redis (conftest)
 PROXY = "127.0.0.1"
 
 # The rentals fixtures: real workers on a queue of this run's own, the simulated fleet of this

@@ -23,6 +23,7 @@ import pytest
 
 from gpucap.audit.models import AuditEvent
 from gpucap.rentals.models import VirtualMachine
+from tests.conftest import TEST_INFERENCE_REDIS_URL, TEST_METADATA_REDIS_URL
 from tests.realguest import rig
 from tests.rentals import conftest as rentals_fixtures
 
@@ -34,8 +35,8 @@ workers = rentals_fixtures.workers
 ACME_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHJlYWxndWVzdGFjbWU acme@laptop"
 GLOBEX_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHJlYWxndWVzdGdsb2J globex@laptop"
 NOTICE_SECONDS = 60
-METADATA_REDIS_URL = "redis://127.0.0.1:6379/14"  # the test runs' metadata Redis (conftest)
-INFERENCE_REDIS_URL = "redis://127.0.0.1:6379/13"
+METADATA_REDIS_URL = TEST_METADATA_REDIS_URL  # the test runs' metadata Redis (conftest)
+INFERENCE_REDIS_URL = TEST_INFERENCE_REDIS_URL
 BOOT_TIMEOUT = 240  # QEMU emulation on a loaded 2-core machine: generous
 
 
