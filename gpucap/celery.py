@@ -3,11 +3,39 @@ settings (CELERY_BEAT_SCHEDULE) so it is code, reviewed like code."""
 
 import os
 
+import redis
 from celery import Celery, signals
+from kombu.transport import redis as kombu_redis
 
 from gpucap import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpucap.settings")
+
+
+def _broker_loss_survivable() -> None:
+    """Let a worker survive losing its Redis broker while it holds unacknowledged messages.
+
+    kombu 5.7.0 (the only kombu celery 5.7.0 accepts; kombu 5.6 wants redis-py < 6.5): on the
+    connection loss the consumer closes its connection, the channel restores its unacknowledged
+    messages (tasks waiting for their countdown, such as a notice's deadline stop), and that
+    restore builds a new Redis pool from a transport already detached from its connection:
+    ``AttributeError: 'NoneType' object has no attribute 'hostname'``, which is no connection
+    error, so the worker stops with "Unrecoverable error". Raised as a connection error instead,
+    it is what a restore against a broker that is down meets anyway: ignored, the worker
+    reconnects, and Redis redelivers the messages after the visibility timeout if it kept them.
+    tests/test_worker_broker_outage.py shows it; drop this once kombu no longer needs it.
+    """
+    connparams = kombu_redis.Channel._connparams
+
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection is closed")
+        return connparams(self, asynchronous=asynchronous)
+
+    kombu_redis.Channel._connparams = _connparams
+
+
+_broker_loss_survivable()
 
 app = Celery("gpucap")
 app.config_from_object("django.conf:settings", namespace="CELERY")
