@@ -5,8 +5,9 @@ routes and keys) names the changed id; the ids named in one transaction are coll
 it commits, written by ONE callback in one pipelined round trip: an Approve that stops N VMs
 makes one metadata flush and one route flush, not one publish per VM.
 
-The callback is robust (``transaction.on_commit(..., robust=True)``): a cache that is down logs
-the error and never fails the request, which committed already; the periodic resyncs
+The callback is robust (``gpucap.tasks.on_commit``): a cache that is down logs and counts the
+error, never fails the request, which committed already, and never keeps the hooks after it
+(a VM's driver task goes before it anyway) from running; the periodic resyncs
 (``metadata_resync``, ``inference_resync``) repair the cache within one interval.
 
 The collection lives on the database connection, beside Django's own list of commit callbacks,
@@ -27,6 +28,8 @@ from collections.abc import Callable
 
 from django.db import transaction
 
+from gpucap.tasks import on_commit
+
 Flush = Callable[[set], None]
 
 
@@ -35,7 +38,7 @@ def publish_on_commit(cache: str, ident, flush: Flush, *, using: str | None = No
     every other id of that cache named in the same transaction."""
     connection = transaction.get_connection(using)
     if not connection.in_atomic_block:
-        transaction.on_commit(lambda: flush({ident}), using=using, robust=True)
+        on_commit(lambda: flush({ident}), what=f"{cache} cache flush", using=using)
         return
     collections = connection.__dict__.setdefault("gpucap_cache_flushes", {})
     key = _transaction_key(connection)
@@ -43,7 +46,7 @@ def publish_on_commit(cache: str, ident, flush: Flush, *, using: str | None = No
     if collection is None or collection.key != key or not collection.pending(connection):
         collection = _Collection(cache, key, flush, collections)
         collections[cache] = collection
-        transaction.on_commit(collection.flush, using=using, robust=True)
+        on_commit(collection.flush, what=f"{cache} cache flush", using=using)
     collection.ids.add(ident)
 
 
@@ -66,7 +69,9 @@ class _Collection:
     def pending(self, connection) -> bool:
         """Whether this collection's callback still waits for the commit (not run, not
         discarded by a rollback)."""
-        return any(func == self.flush for _, func, _ in connection.run_on_commit)
+        return any(
+            getattr(hook, "func", hook) == self.flush for _, hook, _ in connection.run_on_commit
+        )
 
     def flush(self) -> None:
         if self._collections.get(self.cache) is self:

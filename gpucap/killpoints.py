@@ -26,7 +26,8 @@ import os
 import signal
 
 from django.conf import settings
-from django.db import transaction
+
+from gpucap.tasks import on_commit
 
 
 def kill_point(name: str) -> None:
@@ -39,7 +40,8 @@ def kill_point_on_commit(name: str) -> None:
     """Die as soon as the current transaction commits, before the on-commit work registered
     after this call, when ``TEST_KILL_AT`` names this point. Nothing happens if it rolls back."""
     if name == settings.TEST_KILL_AT:
-        transaction.on_commit(lambda: _die(name))
+        # First among first: ahead of the driver tasks registered after it.
+        on_commit(lambda: _die(name), what=f"kill point {name}", first=True)
 
 
 def _die(name: str) -> None:

@@ -89,12 +89,19 @@ CELERY_TASK_RETRIES = SharedCounter(
     "Celery task retries asked for, by task name.",
     ("task",),
 )
+ON_COMMIT_FAILURES = SharedCounter(
+    "gpucap_on_commit_failures",
+    "Post-commit hooks that raised (a task the broker refused, a cache publish, a mail), by "
+    "hook; the other hooks of the transaction ran on (gpucap.tasks.on_commit).",
+    ("hook",),
+)
 SHARED_COUNTERS = (
     PLANS_MADE,
     PLANS_FOLDED,
     PLANS_APPLIED,
     CELERY_TASK_FAILURES,
     CELERY_TASK_RETRIES,
+    ON_COMMIT_FAILURES,
 )
 
 

@@ -148,6 +148,7 @@ class SharedCountersCollector:
             metrics.PLANS_APPLIED: [(s, m) for s in sets for m in CapacitySet.Mode.values],
             metrics.CELERY_TASK_FAILURES: [(t,) for t in tasks],
             metrics.CELERY_TASK_RETRIES: [(t,) for t in tasks],
+            metrics.ON_COMMIT_FAILURES: [],
         }
         for counter, values in counts.items():
             family = CounterMetricFamily(

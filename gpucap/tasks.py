@@ -1,19 +1,105 @@
-"""Project-wide task plumbing: how every service sends a Celery task, and the housekeeping task
-no app owns."""
+"""Project-wide task plumbing: how every service sends a Celery task and runs anything else
+after its transaction commits, and the housekeeping task no app owns.
+
+Post-commit side effects cannot swallow each other: every hook goes through ``on_commit``,
+which runs it robustly (a hook that raises is logged and counted in
+``gpucap_on_commit_failures_total``, and the hooks after it still run), so a cache publish, a
+mail or a broker hiccup never keeps a VM's driver task from being sent, and never turns a change
+the database committed into a 500. Driver tasks go first (``first=True``): a metadata store that
+is slow to answer does not delay a stop. What a failed hook did not do is repaired by the
+periodic passes (the notices sweep, the reconciler, the cache resyncs).
+"""
+
+import logging
+from collections.abc import Callable
 
 from celery import shared_task
 from django.core.management import call_command
 from django.db import transaction
 
+from gpucap import metrics
 from gpucap.celery import app
+
+logger = logging.getLogger(__name__)
 
 
 def enqueue_on_commit(task_name: str, *args, **options) -> None:
     """Send the task ``task_name`` once the current transaction commits (at once outside one),
-    so a task never runs for a change that rolled back, nor before the change is visible.
-    Tasks load what they need by id and are idempotent: a message sent twice is harmless.
-    ``options`` go to ``send_task`` (``eta``, ``countdown``)."""
-    transaction.on_commit(lambda: app.send_task(task_name, args=list(args), **options))
+    ahead of the transaction's other hooks, so a task never runs for a change that rolled back,
+    nor before the change is visible. Tasks load what they need by id and are idempotent: a
+    message sent twice is harmless; one the broker refused is sent again by the periodic pass
+    that owns that work. ``options`` go to ``send_task`` (``eta``, ``countdown``)."""
+    on_commit(
+        lambda: app.send_task(task_name, args=list(args), **options),
+        what=f"send {task_name}",
+        first=True,
+    )
+
+
+def on_commit(
+    func: Callable[[], object], *, what: str, first: bool = False, using: str | None = None
+) -> None:
+    """Run ``func`` once the current transaction commits (at once outside one), robustly: if it
+    raises, the error is logged with ``what`` and counted, and the other hooks still run.
+    ``first``: before the hooks registered without it in the same transaction (in the order
+    the ``first`` ones were registered)."""
+    hook = _Hook(func, what)
+    connection = transaction.get_connection(using)
+    if not first or not connection.in_atomic_block:
+        transaction.on_commit(hook, using=using)
+        return
+    transaction.on_commit(hook, using=using)
+    _move_ahead(connection, hook)
+
+
+class _Hook:
+    """One robust post-commit hook. ``func`` is what was asked to run (gpucap.cache_flush
+    looks for its own callback among the pending ones)."""
+
+    first = False
+
+    def __init__(self, func: Callable[[], object], what: str) -> None:
+        self.func, self.what = func, what
+        self.__name__ = getattr(func, "__name__", what)  # for tests and tracebacks
+        self.__qualname__ = f"on_commit({what})"
+
+    def __call__(self) -> None:
+        try:
+            self.func()
+        except Exception:
+            logger.exception("after commit: %s failed; the other hooks run on", self.what)
+            metrics.shared_count(metrics.ON_COMMIT_FAILURES, hook=self.what)
+
+
+def _move_ahead(connection, hook: _Hook) -> None:
+    """Move the just-registered ``hook`` before the hooks of the current transaction that are
+    not ``first``. Only hooks of the transaction the application opened are passed: those a
+    test case's wrapper holds from earlier transactions stay where they are."""
+    hook.first = True
+    pending = connection.run_on_commit
+    entry = pending.pop()
+    start = _transaction_start(connection)
+    at = len(pending)
+    while at > start and not getattr(pending[at - 1][1], "first", False):
+        at -= 1
+    pending.insert(at, entry)
+
+
+def _transaction_start(connection) -> int:
+    """Where the hooks of the transaction the application opened begin in ``run_on_commit``:
+    the outermost atomic block that is not a test case's wrapper (as gpucap.cache_flush reads
+    it). In production that is the whole list."""
+    for depth, block in enumerate(connection.atomic_blocks):
+        if not getattr(block, "_from_testcase", False):
+            if depth == 0:
+                return 0
+            savepoint = connection.savepoint_ids[depth - 1]
+            pending = connection.run_on_commit
+            at = len(pending)
+            while at > 0 and savepoint in pending[at - 1][0]:
+                at -= 1
+            return at
+    return len(connection.run_on_commit)
 
 
 @shared_task(name="gpucap.sessions_clear")

@@ -3,13 +3,12 @@ notice ends when its VM lets go of its GPUs, a draining node may then end cordon
 guest's metadata document shows the VM as it is now. A guest the reconciler saw power off
 before its deadline (``guest_shut_down_early``) ends its notice as ``guest_shutdown``."""
 
-from django.db import transaction
-
 from gpucap.notices.cache import metadata_publish_on_commit
 from gpucap.notices.drains import node_drain_finish
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_guest_shutdown
 from gpucap.rentals.services import HOLDING
+from gpucap.tasks import on_commit
 
 
 def notice_ends_as_guest_shutdown(sender, *, vm, **kwargs) -> None:
@@ -35,4 +34,4 @@ def _node_freed(node_id: int | None) -> None:
     """A draining node ends cordoned once its last VM let go (gpucap.notices.drains). Checked
     after commit, under the node's lock, so two VMs leaving at once cannot both miss it."""
     if node_id is not None:
-        transaction.on_commit(lambda: node_drain_finish(node_id=node_id), robust=True)
+        on_commit(lambda: node_drain_finish(node_id=node_id), what="node drain finish")

@@ -11,10 +11,11 @@ This module imports no app code, so the fleet services can call it without an im
 """
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from gpucap.celery import app
 from gpucap.redis_clients import shared_redis
+from gpucap.tasks import on_commit
 
 # How long a claim outlives its countdown before it expires on its own (a lost message).
 _CLAIM_MARGIN_SECONDS = 30
@@ -24,7 +25,7 @@ def replan_soon(capacity_set_id: int | None, *, countdown: float | None = None) 
     """Ask for a tick of the set once the current transaction commits (at once outside one)."""
     if capacity_set_id is None:
         return
-    transaction.on_commit(lambda: _send(capacity_set_id, countdown), robust=True)
+    on_commit(lambda: _send(capacity_set_id, countdown), what="send plans.replan")
 
 
 def replan_release(capacity_set_id: int) -> None:

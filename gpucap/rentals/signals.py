@@ -21,7 +21,7 @@ imports (rentals -> notices -> rentals) that made the import circles this replac
 It is sent inside the transaction, after the VM row is saved, its GPU allocations released (an
 ``Allocation`` is a rentals row, so that stays in rentals) and the move audited. Receivers write
 in the same transaction (an exception rolls the transition back) and defer any work outside the
-database to ``transaction.on_commit``. Arguments:
+database to ``gpucap.tasks.on_commit`` (robust: one failing hook never stops the others). Arguments:
 
 - ``vm``: the locked ``VirtualMachine`` as it is now (``vm.state == new``);
 - ``old``, ``new``: the state before and after;

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
 from gpucap.roles import OPERATORS_GROUP
+from gpucap.tasks import on_commit
 from gpucap.tenancy.models import Invitation, Membership, Tenant
 
 logger = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ def invitation_send(
         actor=actor, verb="invitation.send", target=invitation, after={"role": role, "email": email}
     )
     link = site_url.rstrip("/") + reverse("invitation-accept", kwargs={"token": token})
-    transaction.on_commit(lambda: _mail_invitation(invitation, link))
+    on_commit(lambda: _mail_invitation(invitation, link), what="mail invitation")
     return invitation
 
 
@@ -218,7 +219,7 @@ def invitation_accept(*, token: str, user: AbstractBaseUser) -> Membership:
     invitation.accepted_by = user
     invitation.save(update_fields=["accepted_at", "accepted_by"])
     audit_record(actor=user, verb="invitation.accept", target=invitation)
-    transaction.on_commit(lambda: _mail_accepted(invitation, user))
+    on_commit(lambda: _mail_accepted(invitation, user), what="mail invitation accepted")
     return membership
 
 
@@ -296,13 +297,14 @@ def member_set_role(*, membership: Membership, role: str, actor: Actor = None) -
     membership = membership_set(
         user=membership.user, tenant=membership.tenant, role=role, actor=actor
     )
-    transaction.on_commit(
+    on_commit(
         lambda: _mail_member(
             membership,
             subject=f"Your role in {membership.tenant.name} is now {membership.get_role_display()}",
             body=f"{_who(actor)} made you {membership.get_role_display()} of "
             f"{membership.tenant.name} on gpucap.",
-        )
+        ),
+        what="mail membership changed",
     )
     return membership
 
@@ -329,13 +331,14 @@ def member_remove(*, membership: Membership, actor: Actor = None) -> None:
         before={"role": membership.role, "user": membership.user.get_username()},
     )
     membership.delete()
-    transaction.on_commit(
+    on_commit(
         lambda: _mail_member(
             membership,
             subject=f"You were removed from {membership.tenant.name}",
             body=f"{_who(actor)} removed you from {membership.tenant.name} on gpucap. You no "
             "longer see its VMs, deployments and usage; your account stays.",
-        )
+        ),
+        what="mail membership removed",
     )
 
 
