@@ -8,7 +8,7 @@ production, a point is one string comparison. Dying is SIGKILL to the whole proc
 Celery main process and its pool children, which share it), so that no other process of the
 worker runs on after the point, and so that the late acknowledgement does not hand the task
 straight back to the same worker; run a worker with it set in a session of its own, as the
-tests' ``workers`` fixture does.
+tests' ``workers`` fixture does. (tests/notices/test_deadline_kills.py kills one at a deadline.)
 
 Points (``name``: where the worker dies):
 
@@ -19,7 +19,9 @@ Points (``name``: where the worker dies):
 - ``plans.apply:committed``: the apply has committed; the tasks it sends on commit (scheduled
   stops at the notices' deadlines, provisioning) are not sent;
 - ``plans.placements:placed``: a waiting placement was completed and committed; its
-  provisioning task is not sent.
+  provisioning task is not sent;
+- ``notices.deadline:stopping``: a notice's deadline came and its VM is ``stopping`` in the
+  database (committed); the driver's stop (``rentals.vm_stop``) is not sent.
 """
 
 import os

@@ -202,6 +202,9 @@ INFERENCE_KEYS_FLUSH_SECONDS = env_int("INFERENCE_KEYS_FLUSH_SECONDS", 60, minim
 INFERENCE_PROBE_TIMEOUT_SECONDS = env_int("INFERENCE_PROBE_TIMEOUT_SECONDS", 2, minimum=1)
 INFERENCE_PROBE_FAILURES = env_int("INFERENCE_PROBE_FAILURES", 3, minimum=1)
 INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
+# How often the notices sweep runs (gpucap.notices.tasks.sweep): the most a lost deadline task,
+# or a worker killed while it held a deadline's stop, can delay the stop reaching the driver.
+NOTICES_SWEEP_SECONDS = env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -213,10 +216,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     # The safety net under every notice's scheduled stop: a lost task or a dead worker delays
     # a stop by at most this long.
-    "notices-sweep": {
-        "task": "notices.sweep",
-        "schedule": float(env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)),
-    },
+    "notices-sweep": {"task": "notices.sweep", "schedule": float(NOTICES_SWEEP_SECONDS)},
     # Every set is planned this often even when nothing asked (changes ask at once, debounced).
     "plans-tick-all": {
         "task": "plans.tick_all",

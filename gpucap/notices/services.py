@@ -1,7 +1,8 @@
 """Interruption notices: issue one (the VM moves to ``notified``), keep its deadline, and let a
 guest release its GPUs early. Deadlines hold even if a worker dies: each notice schedules a
-stop at its deadline, and a periodic sweep stops any VM whose deadline passed. Stopping twice is
-harmless."""
+stop at its deadline, and a periodic sweep stops any VM whose deadline passed, and sends the
+driver's stop again for any VM the database says is stopping past its deadline while no task
+drives it (the worker that held the stop died). Stopping twice is harmless."""
 
 from datetime import timedelta
 
@@ -9,13 +10,16 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from gpucap.audit.models import AuditEvent
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Pool
+from gpucap.killpoints import kill_point_on_commit
 from gpucap.notices.cache import metadata_publish_on_commit
 from gpucap.notices.models import InterruptionNotice
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
+from gpucap.rentals.reconcile import vm_driver_lock
 from gpucap.tasks import enqueue_on_commit
 
 Reason = InterruptionNotice.Reason
@@ -114,6 +118,7 @@ def notice_deadline_reached(*, notice: InterruptionNotice, now=None) -> bool:
         return False
     locked.outcome = Outcome.DEADLINE
     locked.save(update_fields=["outcome"])
+    kill_point_on_commit("notices.deadline:stopping")  # before vm_stop is sent
     rentals.vm_stop_for_notice(vm=vm, message=f"{locked.reason} notice deadline reached")
     return True
 
@@ -154,6 +159,66 @@ def notices_sweep(*, now=None) -> list[int]:
         if notice_deadline_reached(notice=InterruptionNotice(pk=notice_id), now=now):
             acted.append(notice_id)
     return acted
+
+
+STOP_RESENT = "notice.stop_resent"
+
+
+def notice_stops_resend(*, now=None) -> list[int]:
+    """Send the driver's stop again for every VM that is stopping past its notice's deadline
+    while no task drives it: the worker that held its stop died (before sending ``vm_stop``, or
+    in the middle of it), and the reconciler would only notice after its grace period. Returns
+    the VMs whose stop was sent again.
+
+    Idempotent: a VM's stop is sent again at most once per half sweep interval, decided under
+    its row lock against the audit log (``notice.stop_resent``), so two sweeps running at once
+    never both send it; a VM a task is driving right now (``vm_driver_lock`` taken) is left to
+    that task. A stop sent twice anyway is harmless: ``vm_stop`` is idempotent."""
+    now = now or timezone.now()
+    overdue = (
+        VirtualMachine.objects.filter(
+            state=State.STOPPING, notices__completed_at=None, notices__deadline__lte=now
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    resent = []
+    for vm_id in overdue[: settings.NOTICES_SWEEP_BATCH]:
+        with vm_driver_lock(vm_id) as undriven:
+            pass  # only asked: the resent task takes the lock itself
+        if undriven and _stop_resend(vm_id=vm_id, now=now):
+            resent.append(vm_id)
+    return resent
+
+
+@transaction.atomic
+def _stop_resend(*, vm_id: int, now) -> bool:
+    vm = (
+        VirtualMachine.objects.select_for_update(no_key=True)
+        .filter(pk=vm_id, state=State.STOPPING)
+        .first()
+    )
+    if vm is None:
+        return False  # stopped meanwhile
+    recently = now - timedelta(seconds=settings.NOTICES_SWEEP_SECONDS / 2)
+    already = AuditEvent.objects.filter(
+        verb=STOP_RESENT,
+        object_type=vm._meta.model_name,
+        object_id=str(vm.pk),
+        created_at__gt=recently,
+    )
+    if already.exists():
+        return False
+    audit_record(
+        actor=None,
+        verb=STOP_RESENT,
+        target=vm,
+        message="notice sweep: stopping past its deadline and no task drives it; "
+        "sent the driver's stop again",
+    )
+    enqueue_on_commit("rentals.vm_stop", vm.pk)
+    return True
 
 
 @transaction.atomic

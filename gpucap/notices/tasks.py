@@ -1,8 +1,10 @@
 """Celery tasks that keep notice deadlines: ids in, load, call a service. Each is idempotent.
 
 ``notices.deadline_stop`` is scheduled by ``notice_issue`` with ``eta`` = the deadline;
-``notices.sweep`` (beat, every few seconds) stops whatever a lost task or a dead worker missed
-and follows up drains; ``notices.metadata_resync`` (beat) rebuilds the metadata cache.
+``notices.sweep`` (beat, every ``NOTICES_SWEEP_SECONDS``) stops whatever a lost task or a dead
+worker missed, sends the driver's stop again for VMs stopping past their deadline that no task
+drives (a worker killed while it held the stop), and follows up drains;
+``notices.metadata_resync`` (beat) rebuilds the metadata cache.
 """
 
 from celery import shared_task
@@ -37,8 +39,10 @@ def deadline_stop(notice_id: int) -> bool:
 
 @shared_task(name="notices.sweep")
 def sweep() -> int:
-    """Stop every VM whose notice is overdue, then follow up drains. Returns the stops made."""
+    """Stop every VM whose notice is overdue, send again the stops a dead worker held, then
+    follow up drains. Returns the stops made (not counting the ones sent again)."""
     stopped = services.notices_sweep()
+    services.notice_stops_resend()
     drains.drains_sweep()
     return len(stopped)
 

@@ -1,4 +1,4 @@
 """Notices act on VMs: the rentals fixtures (VMs in any state, captured tasks, the simulated
-fleet) serve these tests too."""
+fleet, real workers) serve these tests too."""
 
-from tests.rentals.conftest import sent_tasks, sim, vm_in  # noqa: F401
+from tests.rentals.conftest import celery_queue, sent_tasks, sim, vm_in, workers  # noqa: F401
