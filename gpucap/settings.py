@@ -289,6 +289,9 @@ SIMULATOR_TOKENS_PER_SECOND = env_int("SIMULATOR_TOKENS_PER_SECOND", 200, minimu
 # and how many plans of each set the history keeps.
 PLANS_DEBOUNCE_SECONDS = env_int("PLANS_DEBOUNCE_SECONDS", 1, minimum=0)
 PLANS_KEEP_PER_SET = env_int("PLANS_KEEP_PER_SET", 500, minimum=10)
+# A tick (plans.replan, plans.tick) that fails is retried this many times, with exponential
+# backoff (1 s, 2 s, 4 s, ... up to 60 s, jittered); the periodic tick covers the set after.
+PLANS_TICK_RETRIES = env_int("PLANS_TICK_RETRIES", 5, minimum=0)
 
 # How Celery tasks drive VMs through their cluster's driver (gpucap.rentals.tasks).
 RENTALS_DRIVER_MAX_RETRIES = env_int("RENTALS_DRIVER_MAX_RETRIES", 5, minimum=0)

@@ -9,13 +9,18 @@
   a task's name is what queued messages carry, and a renamed task would strand them during a
   rolling upgrade.
 
-Two ticks of one set wait for each other on the set's advisory lock. A tick that loses a
-PostgreSQL deadlock (a VM transition locking the same rows the other way round) is retried.
+Two ticks of one set wait for each other on the set's advisory lock. A tick that fails — it
+lost a PostgreSQL deadlock (a VM transition locking the same rows the other way round), met a
+restarting database, or anything else — is retried, a bounded number of times
+(``PLANS_TICK_RETRIES``) with exponential backoff; the periodic tick covers the set after that.
 """
 
 import logging
 
 from celery import shared_task
+from celery.exceptions import Retry
+from celery.utils.time import get_exponential_backoff_interval
+from django.conf import settings
 from django.db import OperationalError
 
 from gpucap.fleet.models import CapacitySet
@@ -26,13 +31,13 @@ from gpucap.plans.triggers import replan_release
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="plans.replan", bind=True, max_retries=5)
+@shared_task(name="plans.replan", bind=True, max_retries=settings.PLANS_TICK_RETRIES)
 def replan(self, capacity_set_id: int) -> int | None:
     replan_release(capacity_set_id)
     return _tick(self, capacity_set_id, Plan.Trigger.CHANGE)
 
 
-@shared_task(name="plans.tick", bind=True, max_retries=5)
+@shared_task(name="plans.tick", bind=True, max_retries=settings.PLANS_TICK_RETRIES)
 def tick(self, capacity_set_id: int) -> int | None:
     return _tick(self, capacity_set_id, Plan.Trigger.PERIODIC)
 
@@ -54,9 +59,22 @@ def prune() -> int:
 def _tick(task, capacity_set_id: int, trigger: str) -> int | None:
     try:
         result = services.capacity_set_tick(capacity_set_id=capacity_set_id, trigger=trigger)
-    except OperationalError as exc:  # deadlock detected, lock timeout: try again shortly
-        logger.warning("tick of capacity set %s: %s; retrying", capacity_set_id, exc)
-        raise task.retry(exc=exc, countdown=1 + task.request.retries) from exc
+    except Retry:
+        raise
+    except Exception as exc:  # a deadlock lost, a database restarting, a bug met by chance
+        countdown = get_exponential_backoff_interval(
+            factor=1, retries=task.request.retries, maximum=60, full_jitter=True
+        )
+        logger.warning(
+            "tick of capacity set %s failed (%r); retry %s of %s in %s s",
+            capacity_set_id,
+            exc,
+            task.request.retries + 1,
+            task.max_retries,
+            countdown,
+            exc_info=not isinstance(exc, OperationalError),
+        )
+        raise task.retry(exc=exc, countdown=countdown) from exc
     return result.plan.pk if result.plan is not None else None
 
 
