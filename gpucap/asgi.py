@@ -1,9 +1,22 @@
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpucap.settings")
 django_application = get_asgi_application()
+
+if settings.DATABASES["default"]["CONN_MAX_AGE"] != 0:
+    # Django's documentation: persistent connections leak under ASGI. Each request's sync code
+    # runs in a thread of its own, whose connection outlives the request: two web processes
+    # held 37-48 of PostgreSQL's 100 connections, and then tasks failed with "too many clients".
+    raise ImproperlyConfigured(
+        f"DATABASE_CONN_MAX_AGE={settings.DATABASES['default']['CONN_MAX_AGE']}: gpucap's web "
+        "process is served by ASGI, where persistent database connections leak; set "
+        "DATABASE_CONN_MAX_AGE=0 (the default) and pool with PgBouncer in front of PostgreSQL "
+        "if connecting per request costs too much (README: Database connections)"
+    )
 
 # Imported once Django is set up. The hot paths answer before Django's middleware, each from
 # Redis alone: the instance metadata endpoint every guest polls (gpucap/notices/metadata.py),

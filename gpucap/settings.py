@@ -86,7 +86,11 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucap"),
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+        # 0: a connection per request, closed when it ends. The web process is served by ASGI
+        # (uvicorn), where Django's persistent connections leak (each request runs in a thread
+        # of its own, and its connection outlives it), so gpucap/asgi.py refuses anything else;
+        # pool with PgBouncer in front of PostgreSQL instead (README: Database connections).
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
         conn_health_checks=True,
     )
 }
