@@ -51,6 +51,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: under /api/, what would be an HTML error page is the API's JSON error.
+    "gpucap.api.errors.ApiErrors",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -155,6 +157,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON, form and multipart bodies bounded in size and depth, their text checked once.
+    "DEFAULT_PARSER_CLASSES": [
+        "gpucap.api.parsers.JSONParser",
+        "gpucap.api.parsers.FormParser",
+        "gpucap.api.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "gpucap.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,

@@ -34,3 +34,7 @@ urlpatterns = [
     path("", include("gpucap.inference.urls")),
     path("", include("gpucap.usage.urls")),
 ]
+
+# Under /api/ Django's own 400 and 500 answers are the API's JSON error (gpucap/api/errors.py).
+handler400 = "gpucap.api.errors.handler400"
+handler500 = "gpucap.api.errors.handler500"

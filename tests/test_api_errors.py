@@ -1,10 +1,15 @@
 """Every API error has one body: {"error": {"code", "message", "fields"}}, whatever raised it:
 a serializer, a service, authentication, permissions, a missing object or route, a method."""
 
+import logging
+
 import pytest
+from django.test import Client
 
 from gpucap.fleet import services as fleet
+from gpucap.fleet.api import ClusterViewSet
 from gpucap.fleet.models import Node
+from gpucap.web.errors import FriendlyErrorPages
 
 
 def assert_error(response, status: int, code: str) -> dict:
@@ -112,3 +117,62 @@ def test_a_method_the_endpoint_does_not_allow_is_a_405(operator_api, fleet_east)
     assert error["message"] == 'Method "PUT" not allowed.'
     assert_error(operator_api.get(f"/api/nodes/{node.pk}/cordon/"), 405, "method_not_allowed")
     assert Node.objects.get(pk=node.pk).state == "ready"
+
+
+# --- what nobody handled: JSON with a request id, never Django's HTML 500 ---------------------
+
+
+def _request_id_logged(caplog, request_id: str) -> logging.LogRecord:
+    records = [r for r in caplog.records if request_id in r.getMessage()]
+    assert records, "the request id is not in the log"
+    assert records[0].exc_info is not None, "the traceback is not logged with it"
+    return records[0]
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_unhandled_error_in_a_view_is_a_json_500_with_a_request_id(
+    settings, operator, monkeypatch, caplog, debug
+):
+    settings.DEBUG = debug
+
+    def broken(self):
+        raise RuntimeError("the disk is on fire")
+
+    monkeypatch.setattr(ClusterViewSet, "get_queryset", broken)
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+
+    response = client.get("/api/clusters/")
+
+    error = assert_error(response, 500, "server_error")
+    request_id = response["X-Request-Id"]
+    assert request_id in error["message"]
+    assert "disk is on fire" not in response.content.decode()
+    record = _request_id_logged(caplog, request_id)
+    assert "the disk is on fire" in str(record.exc_info[1])
+
+
+def test_an_error_in_a_middleware_under_api_is_a_json_500(settings, operator, monkeypatch, caplog):
+    settings.DEBUG = False
+
+    def broken(self, request):
+        raise RuntimeError("the middleware is on fire")
+
+    monkeypatch.setattr(FriendlyErrorPages, "__call__", broken)
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+
+    response = client.get("/api/clusters/")
+    page = client.get("/tenants/")
+
+    error = assert_error(response, 500, "server_error")
+    _request_id_logged(caplog, response["X-Request-Id"])
+    assert error["message"].count(response["X-Request-Id"]) == 1
+    assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
+
+
+def test_a_form_body_over_the_upload_limit_is_a_json_413(settings, operator_api, db):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = operator_api.post("/api/clusters/", {"name": "x" * 5000, "driver": "simulated"})
+    error = assert_error(response, 413, "too_large")
+    assert "over 1000 bytes" in error["message"]

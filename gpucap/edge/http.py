@@ -4,9 +4,17 @@ Reading raises a small exception when the body cannot be had (``ClientGone``,
 ``BodyTooLarge``): each app answers it in its own wire format, with its own status and words.
 Sending takes what differs between the apps as parameters (extra headers, compact JSON), so
 each answers byte for byte what it always has.
+
+``answer_or_500`` runs an app so that an exception nobody handled is still an answer: a 500
+in the app's own JSON shape with a request id, the traceback logged under the same id.
 """
 
 import json
+import logging
+import uuid
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
 
 # The model simulator answers as a model server does: JSON without spaces.
 _COMPACT = (",", ":")
@@ -69,3 +77,31 @@ async def send_body(send, status: int, body: bytes, *, content_type: bytes, head
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def answer_or_500(app, scope, receive, send, *, body: Callable[[str], dict]) -> None:
+    """``await app(scope, receive, send)``; if it raises before its answer started, a 500 whose
+    JSON is ``body(request_id)``, the request id also in ``X-Request-Id`` and in the log with
+    the traceback. (Once the answer started, only closing the connection is left.)"""
+    started = False
+
+    async def send_tracked(message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        await app(scope, receive, send_tracked)
+    except Exception:
+        request_id = uuid.uuid4().hex
+        logger.exception(
+            "unhandled error in %s %s (request id %s)",
+            scope.get("method"),
+            scope.get("path"),
+            request_id,
+        )
+        if started:
+            raise
+        headers = [(b"x-request-id", request_id.encode())]
+        await send_json(send, 500, body(request_id), headers=headers)

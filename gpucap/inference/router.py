@@ -49,7 +49,8 @@ from urllib.parse import quote
 
 from django.conf import settings
 
-from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json
+from gpucap import inputs
+from gpucap.edge.http import BodyTooLarge, ClientGone, answer_or_500, read_body, send_json
 from gpucap.edge.loops import PerLoop
 from gpucap.edge.resync import CLAIM_SECONDS, StoreUnsynced, resync_start
 from gpucap.inference import cache
@@ -116,6 +117,16 @@ _RESPONSE_SKIP = frozenset(
 
 
 async def router_app(scope, receive, send) -> None:
+    """Answer one request; whatever fails unhandled is a 500 in OpenAI's error shape."""
+    await answer_or_500(_route, scope, receive, send, body=_server_error_body)
+
+
+def _server_error_body(request_id: str) -> dict:
+    message = f"The router failed to answer (request id {request_id}); retry, or report the id."
+    return Refusal(500, message, kind="server_error", code="internal_error").body()
+
+
+async def _route(scope, receive, send) -> None:
     started = time.perf_counter()
     slug, _, rest = scope["path"][len(PREFIX) :].partition("/")
     rest = f"/{rest}"
@@ -423,7 +434,9 @@ async def completion(scope, receive, send, route, rest, prefix, clients) -> int:
 
 def _payload_check(body: bytes, route: Route, *, chat: bool) -> None:
     try:
-        payload = json.loads(body)
+        payload = inputs.json_loads(body)
+    except inputs.JsonTooDeep as error:
+        raise Refusal(400, f"The request body is {error}.") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise Refusal(400, f"The request body is not valid JSON: {error}.") from None
     if not isinstance(payload, dict):

@@ -35,7 +35,15 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from gpucap.edge.http import BodyTooLarge, ClientGone, read_body, send_json, send_text
+from gpucap import inputs
+from gpucap.edge.http import (
+    BodyTooLarge,
+    ClientGone,
+    answer_or_500,
+    read_body,
+    send_json,
+    send_text,
+)
 from gpucap.edge.loops import PerLoop, lifespan
 from gpucap.edge.resync import CLAIM_SECONDS, RETRY_AFTER_SECONDS, StoreUnsynced, resync_start
 from gpucap.errors import Conflict
@@ -83,12 +91,16 @@ async def metadata_app(scope, receive, send) -> None:
         await send(message)
 
     try:
-        await _answer(scope, receive, send_counted)
+        await answer_or_500(_answer, scope, receive, send_counted, body=_server_error_body)
     finally:
         flavour = _flavour(scope["path"])
         _requests_counter(flavour, status).inc()
         if b"wait_for_change" not in scope["query_string"]:
             _latency_histogram(flavour).observe(time.perf_counter() - started)
+
+
+def _server_error_body(request_id: str) -> dict:
+    return {"error": f"the metadata service failed to answer (request id {request_id})"}
 
 
 async def _answer(scope, receive, send) -> None:
@@ -408,7 +420,9 @@ def event_id(vm: str, issued_at: str) -> str:
 
 def _start_requests(body: bytes) -> tuple[list[str], str]:
     try:
-        payload = json.loads(body)
+        payload = inputs.json_loads(body)
+    except inputs.JsonTooDeep as error:
+        return [], f"the body is {error}"
     except (ValueError, UnicodeDecodeError):
         return [], 'the body must be JSON: {"StartRequests": [{"EventId": ...}]}'
     requests = payload.get("StartRequests") if isinstance(payload, dict) else None

@@ -26,7 +26,7 @@ from gpucap.drivers import model_simulator
 from gpucap.drivers.base import VmSpec
 from gpucap.drivers.model_simulator import answer, chat_prompt
 from gpucap.drivers.simulated import SimulatedDriver
-from gpucap.inference import cache
+from gpucap.inference import cache, router
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey
 from gpucap.inference.tasks import probe_replicas
@@ -360,6 +360,7 @@ def test_a_request_without_a_model_goes_to_the_deployments(server, serving, key)
         (b"[1, 2]", "must be a JSON object"),
         (b'{"model": "gpucap/sim-8b"}', "messages:"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream:"),
+        (b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested more than 32 levels"),
     ],
 )
 def test_a_bad_body_is_a_400_naming_the_problem(server, serving, key, body, problem):
@@ -375,6 +376,27 @@ def test_a_bad_body_is_a_400_naming_the_problem(server, serving, key, body, prob
     assert problem in response.json()["error"]["message"]
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert sum(model_simulator.served.values()) == 0
+
+
+def test_an_unhandled_error_is_an_openai_style_500_with_a_request_id(
+    server, serving, key, monkeypatch, caplog
+):
+    deployment = serving()
+
+    def broken(body, route, *, chat):
+        raise RuntimeError("the router is on fire")
+
+    monkeypatch.setattr(router, "_payload_check", broken)
+
+    response = chat(server, deployment, key(deployment))
+
+    assert response.status_code == 500
+    request_id = response.headers["X-Request-Id"]
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "internal_error")
+    assert request_id in error["message"]
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None
 
 
 def test_unknown_paths_and_methods_get_openai_errors(server, serving, key):

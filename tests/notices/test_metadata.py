@@ -15,7 +15,7 @@ import uvicorn
 from botocore.utils import IMDSFetcher, _RetriesExceededError
 from django.db import connection
 
-from gpucap.notices import cache
+from gpucap.notices import cache, metadata
 from gpucap.notices.cache import utc_z
 from gpucap.notices.metadata import event_id, token_mint
 from gpucap.notices.models import InterruptionNotice
@@ -446,6 +446,38 @@ def test_azure_scheduled_events_require_the_metadata_header(guest_a, vm_at):
     }
     assert event["NotBefore"].endswith(" GMT")
     assert parsedate_to_datetime(event["NotBefore"]) == notice.deadline.replace(microsecond=0)
+
+
+def test_an_unhandled_error_is_a_json_500_with_a_request_id(guest_a, vm_at, monkeypatch, caplog):
+    vm_at(A)
+
+    def broken(document):
+        raise RuntimeError("the cache is on fire")
+
+    monkeypatch.setattr(metadata, "scheduled_events", broken)
+
+    response = guest_a.request("GET", "/metadata/scheduledevents", AZURE)
+
+    assert response.status == 500
+    request_id = response.headers["X-Request-Id"]
+    assert json.loads(response.data) == {
+        "error": f"the metadata service failed to answer (request id {request_id})"
+    }
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None
+
+
+def test_an_azure_start_request_nested_50000_deep_is_a_400(guest_a, vm_at):
+    vm = vm_at(A)
+    notify(vm)
+    body = '{"StartRequests": ' + "[" * 50_000 + "]" * 50_000 + "}"
+
+    response = guest_a.request("POST", "/metadata/scheduledevents", AZURE, body)
+
+    assert response.status == 400
+    assert b"nested more than 32 levels" in response.data
+    vm.refresh_from_db()
+    assert vm.state == State.NOTIFIED
 
 
 def test_azure_start_request_releases_the_gpus_early(guest_a, vm_at, sent_tasks):

@@ -39,7 +39,7 @@ def test_a_member_requests_a_vm_with_user_data(member_api, pools):
         ("#!/bin/sh\n" + "x" * 16 * 1024, "at most 16,384 are allowed"),
         ("#cloud-config\n- just\n- a list\n", "not a YAML mapping"),
         ("#cloud-config\nkey: [unclosed\n", "not valid YAML"),
-        ("text with a \x00 in it", "Null characters are not allowed"),  # DRF refuses it first
+        ("text with a \x00 in it", "contains the control character U+0000"),  # refused at parsing
     ],
 )
 def test_unusable_user_data_is_a_400_naming_user_data_and_creates_nothing(

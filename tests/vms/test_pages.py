@@ -665,3 +665,22 @@ def test_an_image_not_in_the_catalogue_is_refused_next_to_the_field(member_clien
     ).content.decode()
     assert field_error(page, "image") == "is not an image offered for your pools"
     assert not VirtualMachine.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("name", "train\u202e-01", "bidirectional"),
+        ("name", "train\x1b-01", "control character U+001B"),
+        ("ssh_public_key", SSH_KEY + "\x07", "control character U+0007"),
+    ],
+)
+def test_text_no_field_may_hold_is_refused_next_to_the_field(
+    member_client, pools, field, value, reason
+):
+    response = member_client.post(
+        tenant_vms_url(), request_form(pools["h100-spot"], **{field: value}), headers=HTMX
+    )
+    assert response.status_code == 400
+    assert reason in field_error(response.content.decode(), field)
+    assert not VirtualMachine.objects.exists()
