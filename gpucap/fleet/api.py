@@ -31,7 +31,16 @@ from gpucap.fleet.filters import (
     NodeFilter,
     PoolFilter,
 )
-from gpucap.fleet.models import CapacitySet, Cluster, Fabric, Gpu, Image, Node, Pool
+from gpucap.fleet.models import (
+    CapacitySet,
+    Cluster,
+    Fabric,
+    Gpu,
+    Image,
+    Node,
+    Pool,
+    validate_hostname,
+)
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
@@ -337,7 +346,7 @@ class NodeCreateSerializer(InputSerializer):
     hints = {"state": "a new node starts ready; change it with the cordon/uncordon commands"}
 
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
-    hostname = serializers.CharField(max_length=253)
+    hostname = serializers.CharField(max_length=253, validators=[validate_hostname])
     gpu_model = serializers.CharField(max_length=64)
     fabric = choice_field(Fabric.choices)
     gpu_count = serializers.IntegerField(help_text="1 to 8.")

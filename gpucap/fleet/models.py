@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.indexes import OpClass
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import CharField, F, Func, IntegerField, Q
 from django.db.models.lookups import Exact
@@ -18,6 +19,16 @@ from gpucap.tenancy.models import Tenant
 MAX_GPUS_PER_NODE = 8
 # A Linux network interface name: at most 15 bytes (IFNAMSIZ - 1), no "/", ":" or whitespace.
 INTERFACE_NAME = r"^[A-Za-z0-9_.-]{1,15}$"
+# A node's hostname is a DNS hostname (RFC 1123): dot-separated labels of 1-63 letters, digits
+# and hyphens, none starting or ending with a hyphen; at most 253 characters (max_length). It
+# names the node in URLs, the driver's connection and fleet files: no "/", "..", "<" or NUL.
+HOSTNAME_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = rf"^{HOSTNAME_LABEL}(\.{HOSTNAME_LABEL})*$"
+HOSTNAME_RULE = (
+    "must be a DNS hostname: labels of letters, digits and hyphens (1 to 63 each, no hyphen "
+    "at either end) joined by dots"
+)
+validate_hostname = RegexValidator(HOSTNAME, message=HOSTNAME_RULE)
 
 
 class GuestSubnetCidr(Func):
@@ -125,7 +136,7 @@ class Node(models.Model):
     capacity_set = models.ForeignKey(
         CapacitySet, null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
     )
-    hostname = models.CharField(max_length=253)
+    hostname = models.CharField(max_length=253, validators=[validate_hostname])
     gpu_model = models.CharField(max_length=64)
     fabric = models.CharField(max_length=16, choices=Fabric.choices)
     gpu_count = models.PositiveSmallIntegerField()
@@ -169,6 +180,7 @@ class Node(models.Model):
         ordering = ["cluster__name", "hostname"]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "hostname"], name="node_hostname_unique"),
+            models.CheckConstraint(condition=Q(hostname__regex=HOSTNAME), name="node_hostname_dns"),
             models.CheckConstraint(
                 condition=Q(gpu_count__gte=1) & Q(gpu_count__lte=MAX_GPUS_PER_NODE),
                 name="node_gpu_count_range",

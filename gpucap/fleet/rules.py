@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from gpucap.arbiter.topology import partition_table_problems
-from gpucap.fleet.models import INTERFACE_NAME, Fabric
+from gpucap.fleet.models import HOSTNAME, HOSTNAME_RULE, INTERFACE_NAME, Fabric
 
 # How long a capacity set's interruption notice may be, in seconds.
 NOTICE_SECONDS_MIN = 1
@@ -25,6 +25,13 @@ def node_partitions_problems(
     if fabric != Fabric.NVSWITCH:
         return ["only NVSwitch nodes carry a partition table"]
     return partition_table_problems(partitions, gpu_count, names=names)
+
+
+def hostname_problem(hostname: object) -> str:
+    """Why ``hostname`` cannot be a node's hostname, or ""."""
+    if not isinstance(hostname, str) or len(hostname) > 253 or not re.match(HOSTNAME, hostname):
+        return f"{hostname!r} {HOSTNAME_RULE}"
+    return ""
 
 
 def mapping_has_text_keys(value: object) -> bool:

@@ -991,7 +991,27 @@ def test_yaml_anchors_and_merge_keys_share_node_attributes(fleet_file):
         ),
         (
             "{hostname: n_1, gpu_model: L4, fabric: pcie, gpus: 2}",
-            "hostname: 'n_1' is not a hostname (letters, digits, dots and hyphens)",
+            "hostname: 'n_1' must be a DNS hostname: labels of letters, digits and hyphens",
+        ),
+        (
+            "{hostname: a/b, gpu_model: L4, fabric: pcie, gpus: 2}",
+            "hostname: 'a/b' must be a DNS hostname",
+        ),
+        (
+            "{hostname: '../x', gpu_model: L4, fabric: pcie, gpus: 2}",
+            "hostname: '../x' must be a DNS hostname",
+        ),
+        (
+            "{hostname: '<script>', gpu_model: L4, fabric: pcie, gpus: 2}",
+            "hostname: '<script>' must be a DNS hostname",
+        ),
+        (
+            "{hostname: '%00', gpu_model: L4, fabric: pcie, gpus: 2}",
+            "hostname: '%00' must be a DNS hostname",
+        ),
+        (
+            "{hostname: a..b, gpu_model: L4, fabric: pcie, gpus: 2}",
+            "hostname: 'a..b' must be a DNS hostname",
         ),
     ],
 )

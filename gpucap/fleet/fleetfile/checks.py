@@ -18,7 +18,6 @@ from gpucap.fleet.models import IMAGE_NAME_PATTERN, LOGIN_USER_PATTERN, MAX_GPUS
 NOT_BLANK = r"\S"
 SLUG = r"^[-a-zA-Z0-9_]+$"
 USERNAME = r"^[\w.@+-]+$"
-HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"
 PCI_ADDRESS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
 MAX_COUNT = 1000  # nodes declared by one entry
 IMAGE_NAME = IMAGE_NAME_PATTERN
@@ -456,8 +455,8 @@ def numbered_hostnames(
                 "number field such as {:03d} in it"
             )
     for _, hostname in numbered:
-        if not re.match(HOSTNAME, hostname):
-            return [], f"{hostname!r} is not a hostname (letters, digits, dots and hyphens)"
+        if problem := rules.hostname_problem(hostname):
+            return [], problem
     return numbered, ""
 
 

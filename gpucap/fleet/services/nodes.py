@@ -55,7 +55,9 @@ def node_create(
     errors: dict[str, str] = _guest_network_errors(
         guest_bridge=guest_bridge, guest_subnet=guest_subnet, node=None
     )
-    if Node.objects.filter(cluster=cluster, hostname=hostname).exists():
+    if problem := rules.hostname_problem(hostname):
+        errors["hostname"] = problem
+    elif Node.objects.filter(cluster=cluster, hostname=hostname).exists():
         errors["hostname"] = f"node {hostname!r} already exists in cluster {cluster.name}"
     if fabric not in Fabric.values:
         errors["fabric"] = f"unknown fabric {fabric!r}; choose pcie or nvswitch"
