@@ -7,12 +7,19 @@ from typing import Any, Protocol
 
 from django.utils.module_loading import import_string
 
-from gpucap.drivers.base import Driver, DriverError
+from gpucap.drivers.base import Driver, DriverError, settings_parse
 
 # Imported on first use, so a process that never meets a libvirt cluster needs no libvirt.
 DRIVERS: dict[str, str] = {
     "simulated": "gpucap.drivers.simulated.SimulatedDriver",
     "libvirt": "gpucap.drivers.libvirt.LibvirtDriver",
+}
+
+# Each driver's settings, as a dataclass ``settings_parse`` reads: checking a cluster's settings
+# builds no driver (and so needs no libvirt).
+SETTINGS: dict[str, str] = {
+    "simulated": "gpucap.drivers.simulated.SimulatedSettings",
+    "libvirt": "gpucap.drivers.libvirt_settings.LibvirtSettings",
 }
 
 
@@ -40,13 +47,14 @@ def driver_for(cluster: DrivenCluster) -> Driver:
 
 
 def driver_settings_problem(driver: str, driver_settings: Mapping[str, Any]) -> str:
-    """What is wrong with these settings for ``driver``, or "" — for forms and services that
-    change a cluster, so a typo is refused then rather than when a VM first needs the driver."""
-    path = DRIVERS.get(driver)
+    """What is wrong with these settings for ``driver``, or "" — for every write of a cluster
+    (the model's ``clean``, so the services, fleet files and the admin), so a typo or a missing
+    setting is refused then rather than when a VM first needs the driver."""
+    path = SETTINGS.get(driver)
     if path is None:
         return f"unknown driver {driver!r} (known: {', '.join(DRIVERS)})"
     try:
-        import_string(path)(driver_settings)
+        settings_parse(import_string(path), driver_settings, driver=driver)
     except DriverError as error:
         return str(error)
     return ""

@@ -18,8 +18,27 @@ class GpuInline(admin.TabularInline):
     can_delete = False
 
 
+class ClusterAdminForm(forms.ModelForm):
+    """The driver's settings are checked by the model (``Cluster.clean``); the driver itself
+    changes only while no VM runs on the cluster, as the API refuses it."""
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "driver", "driver_settings"]
+
+    def clean(self):
+        data = super().clean()
+        driver = data.get("driver")
+        if self.instance.pk and driver and driver != self.instance.driver:
+            busy = fleet.cluster_driver_busy(self.instance, driver=driver)
+            if busy:
+                self.add_error("driver", busy)
+        return data
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
+    form = ClusterAdminForm
     list_display = ["name", "driver", "created_at"]
     search_fields = ["name"]
 

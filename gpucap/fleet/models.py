@@ -9,11 +9,13 @@ from collections.abc import Iterable
 
 from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.indexes import OpClass
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import CharField, F, Func, IntegerField, Q
 from django.db.models.lookups import Exact
 
+from gpucap.drivers.registry import driver_settings_problem
 from gpucap.tenancy.models import Tenant
 
 MAX_GPUS_PER_NODE = 8
@@ -72,6 +74,13 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """The settings are the driver's: every write of a cluster checks them here."""
+        if self.driver in self.Driver.values:
+            problem = driver_settings_problem(self.driver, self.driver_settings)
+            if problem:
+                raise ValidationError({"driver_settings": problem})
 
     @property
     def passes_gpus(self) -> bool:

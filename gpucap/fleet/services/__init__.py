@@ -15,6 +15,7 @@ from gpucap.fleet.services.capacity_sets import (
 from gpucap.fleet.services.clusters import (
     cluster_create,
     cluster_delete,
+    cluster_driver_busy,
     cluster_rename,
     cluster_update,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "capacity_set_update",
     "cluster_create",
     "cluster_delete",
+    "cluster_driver_busy",
     "cluster_rename",
     "cluster_update",
     "generated_gpu",

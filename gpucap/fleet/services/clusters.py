@@ -4,7 +4,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gpucap.audit.services import Actor, audit_record
-from gpucap.fleet.models import Cluster
+from gpucap.errors import Conflict
+from gpucap.fleet.models import Cluster, Node
 from gpucap.fleet.services._common import delete_unused
 
 
@@ -30,7 +31,9 @@ def cluster_create(
 def cluster_update(
     *, cluster: Cluster, driver: str, driver_settings: dict, actor: Actor = None
 ) -> Cluster:
-    """Change which VM driver runs a cluster and its settings (e.g. a libvirt URI template)."""
+    """Change which VM driver runs a cluster and its settings (e.g. a libvirt URI template).
+    The settings are checked against the driver; the driver changes only while no VM runs on
+    the cluster (their guests live under the old one)."""
     _check_driver(driver)
     if not isinstance(driver_settings, dict):
         raise ValidationError({"driver_settings": "must be a mapping of setting names to values"})
@@ -39,11 +42,36 @@ def cluster_update(
     after = {"driver": driver, "driver_settings": driver_settings}
     if before == after:
         return cluster
+    if driver != cluster.driver and (busy := cluster_driver_busy(cluster, driver=driver)):
+        raise Conflict(busy, code="in_use")
     cluster.driver = driver
     cluster.driver_settings = driver_settings
+    cluster.full_clean(exclude=["name"])
     cluster.save(update_fields=["driver", "driver_settings"])
     audit_record(actor=actor, verb="cluster.update", target=cluster, before=before, after=after)
     return cluster
+
+
+# VMs in these states have no guest under the cluster's driver.
+_NO_GUEST = ("pending", "terminated", "failed")
+
+
+def cluster_driver_busy(cluster: Cluster, *, driver: str) -> str:
+    """Why ``cluster``'s driver cannot become ``driver`` now ("": it can): the VMs on its nodes
+    have guests under the present driver, which the new one would not know."""
+    # The VMs are rentals', above this app: reached through the relation, not imported.
+    vm_model = Node._meta.get_field("vms").related_model
+    live = (
+        vm_model.objects.filter(node__cluster=cluster).exclude(state__in=_NO_GUEST).order_by("pk")
+    )
+    names = [f"{vm.instance_id} ({vm.name}, {vm.state})" for vm in live[:11]]
+    if not names:
+        return ""
+    shown = ", ".join(names[:10]) + (f" and {live.count() - 10} more" if len(names) > 10 else "")
+    return (
+        f"cluster {cluster.name} has VMs under the {cluster.driver} driver: {shown}; its driver "
+        f"can change to {driver} only when none run there (terminate or move them first)"
+    )
 
 
 def _check_driver(driver: str) -> None:
