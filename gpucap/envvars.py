@@ -6,6 +6,7 @@ Every variable read here is listed in ``.env.example`` and the README.
 """
 
 import os
+import re
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -47,3 +48,25 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])[a-z]*\s*$")
+_RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def rate_parse(text: str, *, name: str = "rate") -> tuple[int, int]:
+    """``10/15m``, ``20/minute``, ``100/day`` -> (attempts, window in seconds)."""
+    match = _RATE.match(text or "")
+    if match is None:
+        raise ImproperlyConfigured(
+            f"{name}={text!r} is not a rate: write attempts/window, e.g. 10/15m or 20/minute"
+        )
+    attempts, count = int(match[1]), int(match[2] or 1)
+    if attempts < 1 or count < 1:
+        raise ImproperlyConfigured(f"{name}={text!r}: attempts and window must be at least 1")
+    return attempts, count * _RATE_UNITS[match[3]]
+
+
+def env_rate(name: str, default: str) -> tuple[int, int]:
+    """A rate such as ``10/15m``: (attempts, window in seconds)."""
+    return rate_parse(os.environ.get(name, default), name=name)

@@ -11,7 +11,7 @@ import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from gpucap.envvars import env_bool, env_int, env_list, env_str
+from gpucap.envvars import env_bool, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -117,6 +117,14 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+# Every password form (sign-in, the admin's, reset requests, set-password, an invitation's new
+# account) may be tried this often per account and per client address: attempts per window,
+# e.g. 10/15m or 20/minute (gpucap.tenancy.password_attempts). Sign-in counts wrong passwords;
+# the others count every post. Beyond it every attempt is refused, the right password too.
+# Read as (attempts, window seconds).
+PASSWORD_ATTEMPTS_PER_ACCOUNT = env_rate("PASSWORD_ATTEMPTS_PER_ACCOUNT", "10/15m")
+PASSWORD_ATTEMPTS_PER_CLIENT = env_rate("PASSWORD_ATTEMPTS_PER_CLIENT", "30/15m")
 
 # Tenant invitations: the mailed link works once, for this long (7 days by default).
 INVITATION_TTL_SECONDS = env_int("INVITATION_TTL_SECONDS", 7 * 86400, minimum=60)

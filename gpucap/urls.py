@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from gpucap import observability
+from gpucap.tenancy import views as tenancy_views
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -17,8 +18,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", observability.metrics_view, name="metrics"),
+    path("admin/login/", tenancy_views.admin_login),  # throttled; admin's own name kept
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", tenancy_views.login_page, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

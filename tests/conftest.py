@@ -9,19 +9,34 @@ import asyncio
 import contextlib
 import os
 import threading
+import uuid
 from collections.abc import Callable, Coroutine
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster
+from gpucap.redis_clients import keys_delete
 from gpucap.roles import OPERATORS_GROUP
+from gpucap.tenancy import password_attempts
 from gpucap.tenancy.models import Membership, Tenant
 
 PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(autouse=True)
+def password_attempts_of_this_test(monkeypatch):
+    """Each test counts password attempts under a prefix of its own: the cache is shared by
+    test runs, and one test's wrong passwords must not lock another's sign-ins."""
+    prefix = f"password-attempts-test-{uuid.uuid4().hex}"
+    monkeypatch.setattr(password_attempts, "KEY_PREFIX", prefix)
+    yield
+    with contextlib.suppress(Exception):  # Redis gone (a fault test): the keys expire anyway
+        keys_delete(cache._cache.get_client(write=True), f"*{prefix}*")
 
 
 @pytest.fixture

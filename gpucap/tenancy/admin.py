@@ -1,6 +1,10 @@
 from django.contrib import admin
 
+from gpucap.tenancy.forms import AdminLoginForm
 from gpucap.tenancy.models import Invitation, Membership, Tenant
+
+# /admin/login/ counts wrong passwords with /login/ (gpucap.tenancy.password_attempts).
+admin.site.login_form = AdminLoginForm
 
 
 class MembershipInline(admin.TabularInline):

@@ -5,8 +5,11 @@ a form would post is refused with 403. A tenant that is not yours is a 404, as i
 exist.
 """
 
-from django.contrib.auth import forms as auth_forms
-from django.contrib.auth import get_user_model, login
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib import admin
+from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -15,10 +18,18 @@ from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
+from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpucap.tenancy import selectors, services
-from gpucap.tenancy.forms import InvitationAccountForm, MemberInviteForm, MemberRoleForm
+from gpucap.tenancy.forms import (
+    InvitationAccountForm,
+    LoginForm,
+    MemberInviteForm,
+    MemberRoleForm,
+    PasswordResetForm,
+    SetPasswordForm,
+)
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.web.pages import render_page, site_url, tenant_nav
 
@@ -165,6 +176,40 @@ def _members_page(
 # --- accepting an invitation ----------------------------------------------------------------
 
 
+def password_form(view: Callable) -> Callable:
+    """A password form's view: a post its form refused for too many attempts
+    (``PasswordAttemptsMixin``) answers 429 with ``Retry-After``, the form and its message
+    shown as usual."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        response = view(request, *args, **kwargs)
+        wait = getattr(request, "password_attempts_wait", 0)
+        if wait and response.status_code in (200, 400):
+            response.status_code = 429
+            response["Retry-After"] = str(wait)
+        return response
+
+    return wrapped
+
+
+class _RequestInForm:
+    """For Django's password views, whose forms are not given the request."""
+
+    def get_form(self, form_class=None):
+        form = super().get_form(form_class)
+        form.request = self.request
+        return form
+
+
+# --- signing in -------------------------------------------------------------------------------
+
+login_page = password_form(auth_views.LoginView.as_view(authentication_form=LoginForm))
+# The admin's sign-in form is tenancy.forms.AdminLoginForm (set in tenancy/admin.py).
+admin_login = password_form(admin.site.login)
+
+
+@password_form
 @require_http_methods(["GET", "POST"])
 def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     """The link an invitation mail carries. Signed in, its owner accepts as that account;
@@ -183,6 +228,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
                 services.invitation_accept(token=token, user=request.user)
                 return redirect("tenant-detail", slug=invitation.tenant.slug)
             form = InvitationAccountForm(request.POST)
+            form.request, form.invited_email = request, invitation.email
             if form.is_valid():
                 membership = services.invitation_accept_new_account(
                     token=token,
@@ -206,16 +252,8 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
 # --- passwords: set only by their owners ------------------------------------------------------
 
 
-class PasswordResetForm(auth_forms.PasswordResetForm):
-    """Django's, for accounts with no password yet too (someone invited before invitations
-    were consented): the link goes to the account's own address either way."""
-
-    def get_users(self, email: str):
-        users = get_user_model()._default_manager.filter(email__iexact=email, is_active=True)
-        return (user for user in users if user.email.lower() == email.lower())
-
-
-class PasswordResetView(auth_views.PasswordResetView):
+@method_decorator(password_form, name="dispatch")
+class PasswordResetView(_RequestInForm, auth_views.PasswordResetView):
     """ "Forgot your password?": a reset link mailed to the account's address. The answer is
     the same whether an account has the address or not."""
 
@@ -230,9 +268,12 @@ class PasswordResetSentView(auth_views.PasswordResetDoneView):
     template_name = "registration/password_reset_sent.html"
 
 
-class SetPasswordView(auth_views.PasswordResetConfirmView):
+@method_decorator(password_form, name="dispatch")
+class SetPasswordView(_RequestInForm, auth_views.PasswordResetConfirmView):
     """The link a password reset mail carries: choose a password, once. The token stops
     working once the password is set, and after ``PASSWORD_RESET_TIMEOUT``."""
+
+    form_class = SetPasswordForm
 
     template_name = "registration/set_password.html"
     success_url = reverse_lazy("set-password-done")

@@ -217,6 +217,22 @@ def test_tenant_forms_answer_bad_input_in_place(
 # --- no one signed in -----------------------------------------------------------------------
 
 
+def test_sign_in_says_when_to_try_again_after_too_many_wrong_passwords(page, member, settings):
+    settings.PASSWORD_ATTEMPTS_PER_ACCOUNT = (2, 900)
+    for password in ("guess-1", "guess-2", PASSWORD):  # the right one last: refused too
+        page.goto("/login/")
+        page.fill("input[name=username]", member.username)
+        page.fill("input[name=password]", password)
+        page.get_by_role("button", name="Sign in").click()
+    alert = page.locator(".login [role=alert]")
+    expect(alert).to_contain_text("Too many attempts for this account or from your address")
+    expect(alert).to_contain_text(
+        re.compile(r"Try again in \d+ (seconds?|minutes?) \(at \d\d:\d\d:\d\d UTC\)")
+    )
+    expect(page.locator("input[name=username]")).to_have_value(member.username)
+    expect(page.get_by_role("navigation", name="Main")).to_have_count(0)  # not signed in
+
+
 def test_sign_in_and_password_forms_answer_bad_input_in_place(
     page, member, tenant, operator, mailoutbox
 ):
