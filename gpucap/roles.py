@@ -1,7 +1,10 @@
 """Who may see what. Operators are staff users in the ``operators`` group (or superusers);
-everyone else sees only the tenants they are members of."""
+everyone else sees only the tenants they are members of. Operators look at any tenant's pages
+and API read-only: only a tenant's members change its VMs, deployments, API keys and members
+(``tenant_change_check``, the one check every tenant-side change makes)."""
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import PermissionDenied
 
 OPERATORS_GROUP = "operators"
 
@@ -29,3 +32,23 @@ def tenant_ids_for(user: AbstractBaseUser | AnonymousUser) -> list[int]:
         cached = list(user.memberships.values_list("tenant_id", flat=True))
         user._gpucap_tenant_ids = cached
     return cached
+
+
+READ_ONLY = (
+    "Operators look at a tenant's VMs, deployments, API keys and members read-only: only the "
+    "tenant's members change them."
+)
+
+
+def tenant_change_allowed(user: AbstractBaseUser | AnonymousUser, tenant_id: int) -> bool:
+    """Whether ``user`` may change what belongs to the tenant: its members may; anyone else,
+    operators included, only looks."""
+    return tenant_id in tenant_ids_for(user)
+
+
+def tenant_change_check(user: AbstractBaseUser | AnonymousUser, tenant_id: int) -> None:
+    """The one check every tenant-side change (page or API) makes before anything else:
+    ``PermissionDenied`` (403) for anyone who is not a member of the tenant. Operators act on a
+    tenant's capacity only through their own commands (reclaim with notice, drain, place)."""
+    if not tenant_change_allowed(user, tenant_id):
+        raise PermissionDenied(READ_ONLY)

@@ -23,7 +23,7 @@ from gpucap.inference import cache, selectors, services
 from gpucap.inference.filters import ApiKeyFilter, InferenceDeploymentFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment, Readiness, replica_routable
 from gpucap.rentals.models import VirtualMachine
-from gpucap.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
 # (queued, in flight, in flight per replica id) as ``cache.load`` gives it; None when the
@@ -296,7 +296,7 @@ def _tenant_field(what: str) -> serializers.SlugRelatedField:
         queryset=Tenant.objects.none(),
         required=False,
         help_text="Slug of the tenant it is for. Needed only when you are a member of several "
-        "tenants (operators always name one).",
+        "tenants.",
         error_messages={"does_not_exist": f"no tenant {{value}} that you may {what} for"},
     )
 
@@ -501,11 +501,13 @@ class InferenceDeploymentViewSet(
     def create(self, request, *args, **kwargs):
         data = self.validated(DeploymentCreateSerializer, request.data)
         tenant = data.pop("tenant", None) or _only_tenant(request.user, "to deploy for")
+        tenant_change_check(request.user, tenant.pk)
         deployment = services.deployment_create(tenant=tenant, actor=request.user, **data)
         return Response(self.read(deployment), status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, *args, **kwargs):
         deployment = self.get_object()
+        tenant_change_check(request.user, deployment.tenant_id)
         data = self.validated(DeploymentUpdateSerializer, request.data)
         services.deployment_update(deployment=deployment, actor=request.user, **data)
         return Response(self.read(deployment))
@@ -546,6 +548,7 @@ class ApiKeyViewSet(
             or (deployment.tenant if deployment is not None else None)
             or _only_tenant(request.user, "the key is for")
         )
+        tenant_change_check(request.user, tenant.pk)
         api_key, secret = services.api_key_create(tenant=tenant, actor=request.user, **data)
         shown = self.get_queryset().get(pk=api_key.pk)
         shown.key = secret
@@ -562,5 +565,7 @@ class ApiKeyViewSet(
     def revoke(self, request, pk=None):
         """Revoke the key: the router refuses it from now on. Revoking a revoked key changes
         nothing."""
-        api_key = services.api_key_revoke(api_key=self.get_object(), actor=request.user)
+        api_key = self.get_object()
+        tenant_change_check(request.user, api_key.tenant_id)
+        api_key = services.api_key_revoke(api_key=api_key, actor=request.user)
         return Response(self.read(api_key))

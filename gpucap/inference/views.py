@@ -3,14 +3,14 @@ replicas, settings, API keys and client snippets, and every deployment for opera
 
 A tenant's pages carry its slug (``/tenants/acme/inference/chat/``), like its VM pages. Members
 of the tenant create deployments and keys; operators look at any tenant's deployments and may
-change a deployment's range or revoke a key (as they may stop a VM), but never create a key: its
-secret is for the tenant's eyes only. Anyone else gets a 404. Views adapt the request and call
+change nothing there (``gpucap.roles.tenant_change_check``: 403): a deployment's range, its
+keys and a key's secret are the tenant's. Anyone else gets a 404. Views adapt the request and call
 selectors or services; the rules live in ``gpucap.inference.services``.
 """
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from gpucap.inference import selectors, services
 from gpucap.inference.forms import ApiKeyForm, DeploymentCreateForm, DeploymentSettingsForm
 from gpucap.inference.models import InferenceDeployment
-from gpucap.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_change_allowed, tenant_change_check
 from gpucap.tenancy import selectors as tenancy
 from gpucap.web.pages import render_page, site_url, tenant_pick, wants_fragment
 
@@ -68,10 +68,9 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 def tenant_deployments(request: HttpRequest, slug: str) -> HttpResponse:
     """A tenant's deployments and the form to create one. Operators look in read-only."""
     tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
-    is_member = tenant.pk in tenant_ids_for(request.user)
+    is_member = tenant_change_allowed(request.user, tenant.pk)
     if request.method == "POST":
-        if not is_member:
-            raise PermissionDenied("Operators do not create deployments for a tenant.")
+        tenant_change_check(request.user, tenant.pk)
         return _deployment_create(request, tenant)
     # The live part's poll reads no pools for a form it does not show.
     form = (
@@ -147,6 +146,7 @@ def deployment_update(request: HttpRequest, slug: str, name: str) -> HttpRespons
     """Change the range or the settings; answers with the refreshed form."""
     row = selectors.deployment_visible_to(user=request.user, slug=slug, name=name)
     deployment = row.deployment
+    tenant_change_check(request.user, deployment.tenant_id)
     form = DeploymentSettingsForm(request.POST)
     saved = False
     if form.is_valid():
@@ -185,8 +185,7 @@ def key_create(request: HttpRequest, slug: str, name: str) -> HttpResponse:
     the answer is marked not to be cached."""
     row = selectors.deployment_visible_to(user=request.user, slug=slug, name=name)
     deployment = row.deployment
-    if deployment.tenant_id not in tenant_ids_for(request.user):
-        raise PermissionDenied("API keys are created by the tenant's members.")
+    tenant_change_check(request.user, deployment.tenant_id)
     form = ApiKeyForm(request.POST)
     created = secret = None
     if form.is_valid():
@@ -221,6 +220,7 @@ def key_create(request: HttpRequest, slug: str, name: str) -> HttpResponse:
 def key_revoke(request: HttpRequest, slug: str, name: str, pk: int) -> HttpResponse:
     row = selectors.deployment_visible_to(user=request.user, slug=slug, name=name)
     deployment = row.deployment
+    tenant_change_check(request.user, deployment.tenant_id)
     api_key = selectors.deployment_key(deployment=deployment, pk=pk)
     services.api_key_revoke(api_key=api_key, actor=request.user)
     if not request.htmx:
@@ -254,7 +254,7 @@ def _live_context(request: HttpRequest, row: selectors.DeploymentRow) -> dict:
 
 
 def _page_context(request: HttpRequest, deployment: InferenceDeployment) -> dict:
-    is_member = deployment.tenant_id in tenant_ids_for(request.user)
+    is_member = tenant_change_allowed(request.user, deployment.tenant_id)
     return {
         "is_member": is_member,
         "router_url": router_url(request, deployment),

@@ -1,7 +1,9 @@
 """REST API for GPU VMs: ``/api/vms/``.
 
 Tenant-scoped: a member lists and acts on the VMs of their own tenants, and another tenant's VM
-id answers 404 as if it did not exist; operators see every VM. Creating a VM requests it
+id answers 404 as if it did not exist; operators see every VM but change only through their
+own commands (place, reclaim): request, stop, start and terminate are the tenant's members'
+alone (403, ``gpucap.roles.tenant_change_check``). Creating a VM requests it
 (``vm_request``), DELETE terminates it, and the commands stop, start and (operators only) place
 it. Every change goes through ``gpucap.rentals.services``; the serializers here check only a
 request's shape. Driver work happens later in Celery, so changes answer 202 with the VM as it
@@ -20,7 +22,7 @@ from gpucap.fleet.models import Node, Pool
 from gpucap.rentals import selectors, services, waiting
 from gpucap.rentals.filters import VirtualMachineFilter
 from gpucap.rentals.models import VirtualMachine
-from gpucap.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
 # --- read -------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ class VmRequestSerializer(InputSerializer):
         queryset=Tenant.objects.none(),
         required=False,
         help_text="Slug of the tenant the VM is for. Needed only when you are a member of "
-        "several tenants (operators always name one).",
+        "several tenants.",
         error_messages={"does_not_exist": "no tenant {value} that you may request VMs for"},
     )
     pool = serializers.PrimaryKeyRelatedField(
@@ -228,11 +230,12 @@ class VirtualMachineViewSet(
     def create(self, request, *args, **kwargs):
         data = self.validated(VmRequestSerializer, request.data)
         tenant = data.pop("tenant", None) or self._only_tenant()
+        tenant_change_check(request.user, tenant.pk)
         vm = services.vm_request(tenant=tenant, actor=request.user, **data)
         return Response(self.read(vm), status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
-        vm = services.vm_terminate(vm=self.get_object(), actor=request.user)
+        vm = services.vm_terminate(vm=self._to_change(), actor=request.user)
         return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: VirtualMachineSerializer})
@@ -240,14 +243,14 @@ class VirtualMachineViewSet(
     def stop(self, request, pk=None):
         """Stop a VM that holds GPUs: they are released, its disk is kept, and start asks for
         capacity again. Stopping a VM that is not running is refused (409)."""
-        vm = services.vm_stop(vm=self.get_object(), actor=request.user)
+        vm = services.vm_stop(vm=self._to_change(), actor=request.user)
         return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: VirtualMachineSerializer})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
         """Start a stopped (or failed) VM: it goes back to pending and waits for capacity."""
-        vm = services.vm_start(vm=self.get_object(), actor=request.user)
+        vm = services.vm_start(vm=self._to_change(), actor=request.user)
         return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=VmPlaceSerializer, responses={202: VirtualMachineSerializer})
@@ -265,6 +268,12 @@ class VirtualMachineViewSet(
             message="placed by an operator through the API",
         )
         return Response(self.read(placed), status=status.HTTP_202_ACCEPTED)
+
+    def _to_change(self) -> VirtualMachine:
+        """The VM a tenant-side command acts on: its tenant's members' alone."""
+        vm = self.get_object()
+        tenant_change_check(self.request.user, vm.tenant_id)
+        return vm
 
     def _only_tenant(self) -> Tenant:
         """The tenant a request that names none is for: the member's only tenant."""

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
 from gpucap.api.schema import AutoSchema
-from gpucap.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant
 from gpucap.web.pages import site_url
@@ -167,6 +167,7 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(MemberSerializer(membership).data)
 
     def _require_admin(self, tenant: Tenant) -> None:
+        tenant_change_check(self.request.user, tenant.pk)
         if selectors.viewer_role(tenant=tenant, user=self.request.user) != "admin":
             raise PermissionDenied("Only the tenant's admins manage its members.")
 

@@ -21,6 +21,7 @@ from django.utils.cache import patch_cache_control
 from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from gpucap.roles import tenant_change_check
 from gpucap.tenancy import selectors, services
 from gpucap.tenancy.forms import (
     InvitationAccountForm,
@@ -138,6 +139,7 @@ def _admin_tenant(request: HttpRequest, slug: str) -> Tenant:
     """The tenant, if the user is one of its admins: outsiders get 404, its other members and
     operators (who look in read-only) 403."""
     tenant = selectors.tenant_visible_to(user=request.user, slug=slug)
+    tenant_change_check(request.user, tenant.pk)
     if selectors.viewer_role(tenant=tenant, user=request.user) != Membership.Role.ADMIN:
         raise PermissionDenied("Only the tenant's admins manage its members.")
     return tenant

@@ -11,7 +11,7 @@ services; the lifecycle's rules live in ``gpucap.rentals.services``, a notice's 
 from collections.abc import Callable
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -23,7 +23,7 @@ from gpucap.notices.services import notice_seconds_for
 from gpucap.plans.waiting import vm_waiting
 from gpucap.rentals import selectors, services
 from gpucap.rentals.models import VirtualMachine
-from gpucap.roles import is_operator, tenant_ids_for
+from gpucap.roles import is_operator, tenant_change_allowed, tenant_change_check
 from gpucap.tenancy import selectors as tenancy
 from gpucap.vms import selectors as vm_lists
 from gpucap.vms.forms import VmFilterForm, VmRequestForm
@@ -69,13 +69,11 @@ def vm_list(request: HttpRequest) -> HttpResponse:
 def tenant_vms(request: HttpRequest, slug: str) -> HttpResponse:
     """A tenant's VMs and the form to request one. Operators look in read-only."""
     tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
-    is_member = tenant.pk in tenant_ids_for(request.user)
     include_terminated = request.GET.get("terminated") == "1"
     if request.method == "POST":
-        if not is_member:
-            raise PermissionDenied("Operators do not request VMs for a tenant.")
+        tenant_change_check(request.user, tenant.pk)
         return _vm_request(request, tenant, include_terminated=include_terminated)
-    form = VmRequestForm(tenant=tenant) if is_member else None
+    form = VmRequestForm(tenant=tenant) if tenant_change_allowed(request.user, tenant.pk) else None
     context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
     return render_page(request, "vms/tenant_vms.html", context, fragment="vm-table")
 
@@ -119,31 +117,36 @@ def vm_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def vm_stop(request: HttpRequest, pk: int) -> HttpResponse:
-    return _vm_act(request, pk, services.vm_stop)
+    return _vm_act(request, pk, services.vm_stop, tenant_side=True)
 
 
 @require_POST
 @login_required
 def vm_start(request: HttpRequest, pk: int) -> HttpResponse:
-    return _vm_act(request, pk, services.vm_start)
+    return _vm_act(request, pk, services.vm_start, tenant_side=True)
 
 
 @require_POST
 @login_required
 def vm_terminate(request: HttpRequest, pk: int) -> HttpResponse:
-    return _vm_act(request, pk, services.vm_terminate)
+    return _vm_act(request, pk, services.vm_terminate, tenant_side=True)
 
 
 @require_POST
 @operator_required
 def vm_reclaim(request: HttpRequest, pk: int) -> HttpResponse:
     """An operator takes a rental back: a ``reclaim`` notice, then a stop at its deadline."""
-    return _vm_act(request, pk, drains.vm_reclaim)
+    return _vm_act(request, pk, drains.vm_reclaim, tenant_side=False)
 
 
-def _vm_act(request: HttpRequest, pk: int, act: Callable[..., object]) -> HttpResponse:
-    """Call the service; answer with the refreshed VM, or the reason nothing changed."""
+def _vm_act(
+    request: HttpRequest, pk: int, act: Callable[..., object], *, tenant_side: bool
+) -> HttpResponse:
+    """Call the service; answer with the refreshed VM, or the reason nothing changed. A
+    tenant-side action is its members' alone (operators look in read-only)."""
     vm = selectors.vm_visible_to(user=request.user, pk=pk)
+    if tenant_side:
+        tenant_change_check(request.user, vm.tenant_id)
     error, status = "", 200
     try:
         act(vm=vm, actor=request.user)
@@ -164,6 +167,7 @@ def _vm_context(request: HttpRequest, vm: VirtualMachine) -> dict:
         "vm": vm,
         "gpus": vm.live_allocations,
         "actions": selectors.vm_actions(vm),
+        "can_change": tenant_change_allowed(request.user, vm.tenant_id),
         "events": selectors.vm_trail(vm=vm, user=request.user),
         "notice": InterruptionNotice.objects.filter(vm=vm, completed_at=None).first(),
         "notice_seconds": notice_seconds_for(vm) if is_operator(request.user) else None,

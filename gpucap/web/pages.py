@@ -23,6 +23,8 @@ def operator_required(view: Callable) -> Callable:
             raise PermissionDenied("This page is for operators.")
         return view(request, *args, **kwargs)
 
+    # Read by the test that walks every tenant-side route (operators' own pages are not).
+    wrapped.operator_only = True
     return wrapped
 
 

@@ -358,7 +358,7 @@ def test_a_member_cannot_request_for_a_tenant_they_are_not_in(member_api, pools)
     assert world() == before
 
 
-def test_operators_request_a_vm_for_a_named_tenant(operator_api, operator, pools):
+def test_operators_who_are_not_members_request_no_vm_for_a_tenant(operator_api, operator, pools):
     before = world()
     assert_invalid(
         operator_api.post("/api/vms/", body(pools["a100-standalone"]), format="json"),
@@ -366,11 +366,13 @@ def test_operators_request_a_vm_for_a_named_tenant(operator_api, operator, pools
         "operators must name the tenant",
     )
     assert world() == before
+    # #16: an operator who is not a member looks at a tenant read-only.
     response = operator_api.post(
         "/api/vms/", body(pools["a100-standalone"], tenant="acme"), format="json"
     )
-    assert response.status_code == 201
-    assert VirtualMachine.objects.get(pk=response.json()["id"]).created_by == operator
+    assert response.status_code == 403
+    assert "read-only" in response.json()["error"]["message"]
+    assert world() == before
 
 
 # --- terminate, stop, start -------------------------------------------------------------------
