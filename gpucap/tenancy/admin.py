@@ -7,10 +7,23 @@ from gpucap.tenancy.models import Invitation, Membership, Tenant
 admin.site.login_form = AdminLoginForm
 
 
-class MembershipInline(admin.TabularInline):
+class ReadOnlyMemberships:
+    """Memberships change on the members page (invitations a mailbox's owner accepts) or through
+    a fleet file, both audited and mailed to the member; never silently here."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class MembershipInline(ReadOnlyMemberships, admin.TabularInline):
     model = Membership
     extra = 0
-    autocomplete_fields = ["user"]
 
 
 @admin.register(Tenant)
@@ -22,7 +35,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(ReadOnlyMemberships, admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role", "tenant"]
     search_fields = ["user__username", "user__email", "tenant__name"]

@@ -97,13 +97,21 @@ def user_update(
 def membership_set(
     *, user: AbstractBaseUser, tenant: Tenant, role: str, actor: Actor = None
 ) -> Membership:
-    """Make a user a member of a tenant with a role, or change the role."""
+    """Make a user a member of a tenant with a role, or change the role (operators, through a
+    fleet file; a tenant's admins through ``member_set_role``). Audited, and the member is
+    mailed about it."""
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"unknown role {role!r}; choose admin or member"})
     membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
     if membership is None:
         membership = Membership.objects.create(user=user, tenant=tenant, role=role)
         audit_record(actor=actor, verb="membership.create", target=membership, after={"role": role})
+        _mail_member_on_commit(
+            membership,
+            subject=f"You are a member of {tenant.name}",
+            body=f"{_who(actor)} made you {membership.get_role_display()} of {tenant.name} on "
+            "gpucap.",
+        )
     elif membership.role != role:
         before = membership.role
         membership.role = role
@@ -114,6 +122,12 @@ def membership_set(
             target=membership,
             before={"role": before},
             after={"role": role},
+        )
+        _mail_member_on_commit(
+            membership,
+            subject=f"Your role in {tenant.name} is now {membership.get_role_display()}",
+            body=f"{_who(actor)} made you {membership.get_role_display()} of {tenant.name} on "
+            "gpucap.",
         )
     return membership
 
@@ -196,6 +210,16 @@ def invitation_revoke(*, invitation: Invitation, actor: Actor = None) -> Invitat
         invitation.revoked_at = timezone.now()
         invitation.save(update_fields=["revoked_at"])
         audit_record(actor=actor, verb="invitation.revoke", target=invitation)
+        tenant = invitation.tenant
+        on_commit(
+            lambda: _mail(
+                to=invitation.email,
+                subject=f"Your invitation to {tenant.name} was withdrawn",
+                body=f"{_who(actor)} withdrew the invitation of {invitation.email} to join "
+                f"{tenant.name} on gpucap: its link no longer works. Nothing else changed.",
+            ),
+            what="mail invitation withdrawn",
+        )
     return invitation
 
 
@@ -220,6 +244,14 @@ def invitation_accept(*, token: str, user: AbstractBaseUser) -> Membership:
     invitation.save(update_fields=["accepted_at", "accepted_by"])
     audit_record(actor=user, verb="invitation.accept", target=invitation)
     on_commit(lambda: _mail_accepted(invitation, user), what="mail invitation accepted")
+    _mail_member_on_commit(
+        membership,
+        subject=f"You joined {invitation.tenant.name}",
+        body=f"You accepted the invitation of {invitation.email} and are now "
+        f"{membership.get_role_display()} of {invitation.tenant.name} on gpucap, as "
+        f"{user.get_username()}. If this was not you, reset your password and tell the tenant's "
+        "admins.",
+    )
     return membership
 
 
@@ -294,19 +326,8 @@ def member_set_role(*, membership: Membership, role: str, actor: Actor = None) -
                 f"{membership.tenant.name}; make someone else admin first"
             }
         )
-    membership = membership_set(
-        user=membership.user, tenant=membership.tenant, role=role, actor=actor
-    )
-    on_commit(
-        lambda: _mail_member(
-            membership,
-            subject=f"Your role in {membership.tenant.name} is now {membership.get_role_display()}",
-            body=f"{_who(actor)} made you {membership.get_role_display()} of "
-            f"{membership.tenant.name} on gpucap.",
-        ),
-        what="mail membership changed",
-    )
-    return membership
+    # membership_set audits the change and mails the member.
+    return membership_set(user=membership.user, tenant=membership.tenant, role=role, actor=actor)
 
 
 @transaction.atomic
@@ -399,3 +420,9 @@ def _mail_accepted(invitation: Invitation, user: AbstractBaseUser) -> None:
 def _mail_member(membership: Membership, *, subject: str, body: str) -> None:
     if membership.user.email:
         _mail(to=membership.user.email, subject=subject, body=body)
+
+
+def _mail_member_on_commit(membership: Membership, *, subject: str, body: str) -> None:
+    on_commit(
+        lambda: _mail_member(membership, subject=subject, body=body), what="mail membership changed"
+    )
