@@ -5,18 +5,21 @@ tenant's id answers 404, as if it did not exist. A tenant's admins manage its me
 other members and operators read the list, and a write from them answers 403.
 """
 
+from collections.abc import Mapping
+
 from django.core.exceptions import PermissionDenied
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
 from gpucap.api.schema import AutoSchema
 from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
-from gpucap.tenancy import selectors, services
+from gpucap.tenancy import password_attempts, selectors, services
 from gpucap.tenancy.models import Invitation, Membership, Tenant
 from gpucap.web.pages import site_url
 
@@ -178,7 +181,9 @@ class TokenSerializer(serializers.Serializer):
 
 class ObtainTokenView(ObtainAuthToken):
     """Exchange a username and password for the user's API token (the same token every time,
-    until it is deleted in the admin)."""
+    until it is deleted in the admin). Attempts are limited per client address
+    (``API_TOKEN_RATE``), and wrong passwords count against the account with the sign-in
+    forms' (``gpucap.tenancy.password_attempts``): a throttled account gets 429 here too."""
 
     # A login form needs no prior authentication, and no CSRF token from a session.
     authentication_classes = ()
@@ -194,4 +199,13 @@ class ObtainTokenView(ObtainAuthToken):
         tags=["token"],
     )
     def post(self, request, *args, **kwargs):
-        return super().post(request, *args, **kwargs)
+        data = request.data if isinstance(request.data, Mapping) else {}
+        account = str(data.get("username", ""))
+        wait = password_attempts.wait_seconds(request=request._request, account=account)
+        if wait:
+            raise Throttled(wait=wait, detail=password_attempts.refusal(wait).messages[0])
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            password_attempts.attempt_record(request=request._request, account=account)
+            raise

@@ -11,6 +11,8 @@ from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from django.urls import reverse
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from gpucap.envvars import env_rate
 from gpucap.tenancy import services
@@ -161,3 +163,19 @@ def test_a_bad_rate_names_the_variable(monkeypatch, text):
     monkeypatch.setenv("PASSWORD_ATTEMPTS_PER_CLIENT", text)
     with pytest.raises(ImproperlyConfigured, match="PASSWORD_ATTEMPTS_PER_CLIENT"):
         env_rate("PASSWORD_ATTEMPTS_PER_CLIENT", "1/s")
+
+
+def test_the_api_token_counts_wrong_passwords_with_the_sign_in_forms(member, settings):
+    settings.PASSWORD_ATTEMPTS_PER_ACCOUNT = (3, 900)
+    api = APIClient()
+    for n in range(2):
+        sign_in(Client(), "mallory", f"guess-{n}", address=f"198.51.100.{n}")
+    wrong = api.post("/api/token/", {"username": "mallory", "password": "guess"}, format="json")
+    assert wrong.status_code == 400
+    right = api.post("/api/token/", {"username": "mallory", "password": PASSWORD}, format="json")
+    assert right.status_code == 429
+    assert right.json()["error"]["code"] == "throttled"
+    assert "Try again in" in right.json()["error"]["message"]
+    assert 0 < int(right["Retry-After"]) <= 900
+    assert not Token.objects.exists()
+    assert_throttled(sign_in(Client(), "mallory", PASSWORD))
