@@ -32,7 +32,8 @@ demo: db
 # Web (uvicorn), Celery worker and beat together under honcho.
 run: demo
 	mkdir -p var
-	SIMULATOR_BASE_URL=$${SIMULATOR_BASE_URL:-http://127.0.0.1:$(PORT)} $(VENV)/bin/honcho start --port $(PORT)
+	SIMULATOR_ENABLED=$${SIMULATOR_ENABLED:-1} SIMULATOR_BASE_URL=$${SIMULATOR_BASE_URL:-http://127.0.0.1:$(PORT)} \
+		$(VENV)/bin/honcho start --port $(PORT)
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

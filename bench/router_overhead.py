@@ -65,6 +65,7 @@ ENV = {
     "ALLOWED_HOSTS": "127.0.0.1",
     "REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
     "INFERENCE_REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+    "SIMULATOR_ENABLED": "1",  # the replicas' model servers are this same app
     "SIMULATOR_TTFT_MS": "0",
     "SIMULATOR_TOKENS_PER_SECOND": "0",
     "LOG_LEVEL": "WARNING",

@@ -25,6 +25,8 @@ if settings.DATABASES["default"]["CONN_MAX_AGE"] != 0:
 # plumbing in gpucap/edge: reading a body, sending an answer, and their clients, one per event
 # loop. The metadata front answers the lifespan for all of them: its shutdown closes every
 # app's clients of the loop (gpucap.edge.loops) before it says the shutdown is complete.
+from django.conf import settings  # noqa: E402
+
 from gpucap.drivers import model_simulator  # noqa: E402
 from gpucap.inference import router  # noqa: E402
 from gpucap.notices.metadata import metadata_front  # noqa: E402
@@ -38,7 +40,9 @@ async def application(scope, receive, send):
         if path.startswith(router.PREFIX):
             await router.router_app(scope, receive, send)
             return
-        if path.startswith(model_simulator.PREFIX):
+        # The simulator answers anyone, so it is mounted only where SIMULATOR_ENABLED says
+        # (development, the demo, the tests that serve replicas); elsewhere Django answers 404.
+        if settings.SIMULATOR_ENABLED and path.startswith(model_simulator.PREFIX):
             await model_simulator.model_simulator_app(scope, receive, send)
             return
     await _metadata_or_django(scope, receive, send)

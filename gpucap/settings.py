@@ -301,8 +301,19 @@ BILLING_WEBHOOK_TIMEOUT_SECONDS = env_int("BILLING_WEBHOOK_TIMEOUT_SECONDS", 10,
 # The model server of the simulated driver's inference replicas (gpucap/drivers/model_simulator.py),
 # served by this app: the base URL replicas report (the web process's address; `make run` serves
 # on 127.0.0.1:8000), and how fast the simulated model answers (0 tokens/s: all at once).
+# The simulator answers anyone who asks, so it is served only where this says (by default only
+# with DEBUG on; `make run` and docker-compose's demo turn it on); elsewhere its paths are 404.
+# A request's simulated delays (its own headers included) add up to at most
+# SIMULATOR_MAX_DELAY_SECONDS, so no request holds a connection longer.
+SIMULATOR_ENABLED = env_bool("SIMULATOR_ENABLED", DEBUG)
 SIMULATOR_BASE_URL = env_str("SIMULATOR_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+SIMULATOR_MAX_DELAY_SECONDS = env_int("SIMULATOR_MAX_DELAY_SECONDS", 30, minimum=1)
 SIMULATOR_TTFT_MS = env_int("SIMULATOR_TTFT_MS", 20, minimum=0)
+if SIMULATOR_TTFT_MS > 1000 * SIMULATOR_MAX_DELAY_SECONDS:
+    raise ImproperlyConfigured(
+        f"SIMULATOR_TTFT_MS={SIMULATOR_TTFT_MS} is longer than SIMULATOR_MAX_DELAY_SECONDS="
+        f"{SIMULATOR_MAX_DELAY_SECONDS} allows"
+    )
 SIMULATOR_TOKENS_PER_SECOND = env_int("SIMULATOR_TOKENS_PER_SECOND", 200, minimum=0)
 
 # The planning loop (gpucap.plans): how long a change waits for others before its set is planned,

@@ -1,5 +1,6 @@
 """Settings come from the environment through strict readers; the Celery app is wired."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,28 @@ def test_production_settings_refuse_to_start_without_a_secret_key():
     )
     assert result.returncode != 0
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+
+
+def _settings_with(env: dict) -> dict:
+    """Some settings as gpucap.settings computes them from ``env`` alone, in a fresh process."""
+    script = (
+        "import json, gpucap.settings as s; "
+        "print(json.dumps({'SIMULATOR_ENABLED': s.SIMULATOR_ENABLED}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def test_the_model_simulator_is_off_in_production_unless_enabled():
+    production = {"DEBUG": "0", "SECRET_KEY": "x" * 50}
+
+    assert _settings_with(production)["SIMULATOR_ENABLED"] is False
+    assert _settings_with({**production, "SIMULATOR_ENABLED": "1"})["SIMULATOR_ENABLED"] is True
+    assert _settings_with({})["SIMULATOR_ENABLED"] is True  # a developer's machine

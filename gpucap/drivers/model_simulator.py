@@ -14,7 +14,11 @@ replica, ``SIMULATOR_BASE_URL/simulated/replicas/<instance id>``:
 - Latency: ``SIMULATOR_TTFT_MS`` before the first token, then ``SIMULATOR_TOKENS_PER_SECOND``
   (0: every token at once). Headers ``X-Simulator-TTFT-Ms`` and
   ``X-Simulator-Tokens-Per-Second`` override them for one request (the router passes them on;
-  tests use them to keep a replica busy).
+  tests use them to keep a replica busy). A request's delays add up to at most
+  ``SIMULATOR_MAX_DELAY_SECONDS``: a longer time to first token is refused (400), and the
+  tokens after it come faster where they would run past it, so no request holds a connection
+  longer than that.
+- It answers anyone: gpucap/asgi.py mounts it only when ``SIMULATOR_ENABLED`` is set.
 - A replica whose model server was killed (``SimulatedDriver.replica_kill``) fails as a crashed
   server does: its connections close without a byte of answer. One Redis read per request
   finds that out.
@@ -173,8 +177,8 @@ async def _complete(instance_id, headers, send, payload, prompt, *, chat: bool) 
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise SimulatorError(400, "stream: must be true or false", param="stream")
-    ttft, interval = _latency(headers)
     tokens, finish = answer(prompt, max_tokens)
+    ttft, interval = delays(headers, len(tokens))
     model = payload.get("model") if isinstance(payload.get("model"), str) else MODEL
     usage = {
         "prompt_tokens": len(prompt.split()),
@@ -323,14 +327,22 @@ def _max_tokens(payload: dict) -> int:
     return DEFAULT_MAX_TOKENS
 
 
-def _latency(headers: dict) -> tuple[float, float]:
-    """(seconds to the first token, seconds between tokens) for this request."""
-    ttft_ms = _number(headers, b"x-simulator-ttft-ms", settings.SIMULATOR_TTFT_MS)
-    rate = _number(headers, b"x-simulator-tokens-per-second", settings.SIMULATOR_TOKENS_PER_SECOND)
-    return ttft_ms / 1000, (1 / rate if rate else 0.0)
+def delays(headers: dict, tokens: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds between tokens) for an answer of ``tokens`` tokens,
+    together at most ``SIMULATOR_MAX_DELAY_SECONDS``."""
+    cap = settings.SIMULATOR_MAX_DELAY_SECONDS
+    ttft_ms = _number(headers, b"x-simulator-ttft-ms", settings.SIMULATOR_TTFT_MS, 1000 * cap)
+    rate = _number(
+        headers, b"x-simulator-tokens-per-second", settings.SIMULATOR_TOKENS_PER_SECOND, None
+    )
+    ttft = ttft_ms / 1000
+    interval = 1 / rate if rate else 0.0
+    if tokens > 1:
+        interval = min(interval, (cap - ttft) / (tokens - 1))
+    return ttft, interval
 
 
-def _number(headers: dict, name: bytes, default: float) -> float:
+def _number(headers: dict, name: bytes, default: float, most: float | None) -> float:
     raw = headers.get(name)
     if raw is None:
         return default
@@ -338,8 +350,14 @@ def _number(headers: dict, name: bytes, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 <= value < 3_600_000:
+    if not 0 <= value < float("inf"):
         raise SimulatorError(400, f"{name.decode()}: must be a number, 0 or more")
+    if most is not None and value > most:
+        raise SimulatorError(
+            400,
+            f"{name.decode()}: must be at most {most:g} "
+            f"(SIMULATOR_MAX_DELAY_SECONDS is {settings.SIMULATOR_MAX_DELAY_SECONDS})",
+        )
     return value
 
 

@@ -29,6 +29,7 @@ def server(db, settings):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    settings.SIMULATOR_ENABLED = True
     settings.SIMULATOR_BASE_URL = base
     instance = uvicorn.Server(
         uvicorn.Config(application, proxy_headers=False, log_level="warning", lifespan="on")
@@ -192,6 +193,41 @@ def test_the_latency_defaults_come_from_the_settings(replica, settings):
     replica.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
 
     assert time.monotonic() - started >= 0.3
+
+
+def test_a_time_to_first_token_past_the_cap_is_refused_at_once(replica, settings):
+    settings.SIMULATOR_MAX_DELAY_SECONDS = 1
+
+    response = replica.post(
+        "/v1/completions",
+        json={"prompt": "Once", "max_tokens": 2},
+        headers={"X-Simulator-TTFT-Ms": "5000"},
+    )
+
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "x-simulator-ttft-ms: must be at most 1000" in message
+    assert "SIMULATOR_MAX_DELAY_SECONDS" in message
+
+
+def test_slow_tokens_are_sped_up_so_an_answer_never_takes_longer_than_the_cap(settings):
+    settings.SIMULATOR_MAX_DELAY_SECONDS = 30
+    slowest = {b"x-simulator-ttft-ms": b"29000", b"x-simulator-tokens-per-second": b"0.001"}
+
+    ttft, interval = model_simulator.delays(slowest, 64)
+
+    assert ttft == 29
+    assert ttft + interval * 63 <= 30
+    assert model_simulator.delays({b"x-simulator-tokens-per-second": b"10"}, 5)[1] == 0.1
+
+
+def test_the_simulator_is_not_served_unless_enabled(server, settings):
+    settings.SIMULATOR_ENABLED = False
+
+    response = httpx2.get(f"{server}/simulated/replicas/vm-7/v1/models", timeout=10)
+
+    assert response.status_code == 404
+    assert "gpucap-simulator" not in response.text
 
 
 def test_models_lists_the_simulator(replica):

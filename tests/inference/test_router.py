@@ -75,6 +75,7 @@ def server(db, settings, inference_redis):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    settings.SIMULATOR_ENABLED = True
     settings.SIMULATOR_BASE_URL = base
     settings.SIMULATOR_TTFT_MS = 0
     settings.SIMULATOR_TOKENS_PER_SECOND = 0
