@@ -16,6 +16,7 @@ def bench_env(*, db_name: str, redis_db: int, queue: str) -> dict[str, str]:
         "DEBUG": "0",  # as deployed: no debug cursor, no template debug information
         "SECRET_KEY": "bench-only-secret-key",
         "ALLOWED_HOSTS": "testserver",
+        "SECURE_SSL_REDIRECT": "0",  # plain HTTP on loopback
         "REDIS_URL": redis_url,
         "CELERY_BROKER_URL": redis_url,
         "METADATA_REDIS_URL": redis_url,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from gpucap.envvars import env_bool, env_int, env_list, env_rate, env_str
@@ -39,6 +40,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here: no CDN
     "django_htmx",
     "template_partials",
+    "csp",
     "gpucap",
     "gpucap.tenancy",
     "gpucap.audit",
@@ -54,6 +56,7 @@ MIDDLEWARE = [
     # Outermost: under /api/, what would be an HTML error page is the API's JSON error.
     "gpucap.api.errors.ApiErrors",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -158,6 +161,40 @@ WHITENOISE_USE_FINDERS = DEBUG
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+
+# HTTPS. With DEBUG off every plain-HTTP request is redirected to HTTPS (but /healthz, which a
+# load balancer probes over HTTP) and browsers are told to come back over HTTPS only (HSTS) for
+# a year, subdomains included, preload allowed; each can be turned off from the environment.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+# Behind a proxy that ends TLS: believe its X-Forwarded-Proto, so the request is secure, URLs
+# are built https:// and SECURE_SSL_REDIRECT does not loop. Only when that proxy sets or strips
+# the header on every request; otherwise a client could claim HTTPS.
+TRUST_X_FORWARDED_PROTO = env_bool("TRUST_X_FORWARDED_PROTO", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if TRUST_X_FORWARDED_PROTO else None
+
+# Content-Security-Policy on every page (django-csp): scripts, styles, fonts, images and
+# requests come from this site alone, with no inline script, no eval (htmx runs with allowEval
+# off) and no <style> element. Only style attributes are allowed inline: the capacity bars'
+# widths are data (templates/plans/bars.html), and a style attribute runs no script.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "style-src-attr": ["'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

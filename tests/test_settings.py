@@ -58,26 +58,92 @@ def test_production_settings_refuse_to_start_without_a_secret_key():
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
 
 
-def _settings_with(env: dict) -> dict:
-    """Some settings as gpucap.settings computes them from ``env`` alone, in a fresh process."""
-    script = (
-        "import json, gpucap.settings as s; "
-        "print(json.dumps({'SIMULATOR_ENABLED': s.SIMULATOR_ENABLED}))"
-    )
-    result = subprocess.run(
+ROOT = Path(__file__).resolve().parent.parent
+# What a production deployment sets (README, "Configuration"); everything else at its default.
+PRODUCTION = {
+    "DEBUG": "0",
+    "SECRET_KEY": "k3J9vQ2xL7pR4tW8yZ1cF6hN0bM5dG3sA9eU2iO7uY4rT1wQ8zX6",
+    "ALLOWED_HOSTS": "gpucap.example.com",
+}
+
+
+def _in_django(env: dict, code: str):
+    """What ``code`` (with Django set up on ``env`` alone, in a fresh process) leaves in
+    ``result``, JSON-decoded."""
+    script = f"import django, json\ndjango.setup()\n{code}\nprint(json.dumps(result))"
+    completed = subprocess.run(
         [sys.executable, "-c", script],
-        env={"PATH": "/usr/bin:/bin", **env},
+        env={"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "gpucap.settings", **env},
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        check=True,
+        cwd=ROOT,
     )
-    return json.loads(result.stdout)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.splitlines()[-1])
 
 
 def test_the_model_simulator_is_off_in_production_unless_enabled():
-    production = {"DEBUG": "0", "SECRET_KEY": "x" * 50}
+    enabled = "from django.conf import settings\nresult = settings.SIMULATOR_ENABLED"
 
-    assert _settings_with(production)["SIMULATOR_ENABLED"] is False
-    assert _settings_with({**production, "SIMULATOR_ENABLED": "1"})["SIMULATOR_ENABLED"] is True
-    assert _settings_with({})["SIMULATOR_ENABLED"] is True  # a developer's machine
+    assert _in_django(PRODUCTION, enabled) is False
+    assert _in_django({**PRODUCTION, "SIMULATOR_ENABLED": "1"}, enabled) is True
+    assert _in_django({}, enabled) is True  # a developer's machine
+
+
+def test_manage_py_check_deploy_is_clean_with_production_settings():
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env={"PATH": "/usr/bin:/bin", **PRODUCTION},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "System check identified no issues" in completed.stdout, completed.stdout
+
+
+BUILD_URL = """
+from django.test import RequestFactory
+request = RequestFactory().get(
+    "/invitations/x/", HTTP_HOST="gpucap.example.com", HTTP_X_FORWARDED_PROTO="https"
+)
+result = [request.build_absolute_uri(), request.is_secure()]
+"""
+
+
+def test_urls_come_out_https_behind_a_trusted_tls_proxy():
+    trusted = {**PRODUCTION, "TRUST_X_FORWARDED_PROTO": "1"}
+
+    assert _in_django(trusted, BUILD_URL) == ["https://gpucap.example.com/invitations/x/", True]
+
+
+def test_x_forwarded_proto_is_ignored_unless_trusted():
+    assert _in_django(PRODUCTION, BUILD_URL) == ["http://gpucap.example.com/invitations/x/", False]
+
+
+def test_production_redirects_to_https_and_sends_hsts_but_lets_healthz_answer_over_http():
+    code = """
+from django.test import Client
+client = Client()
+page = client.get("/login/")
+secure = client.get("/login/", secure=True)
+result = [page.status_code, page.headers.get("Location"), client.get("/healthz").status_code,
+          secure.headers.get("Strict-Transport-Security")]
+"""
+    env = {**PRODUCTION, "ALLOWED_HOSTS": "testserver"}
+
+    status, location, healthz, hsts = _in_django(env, code)
+    assert (status, location, healthz) == (301, "https://testserver/login/", 200)
+    assert hsts == "max-age=31536000; includeSubDomains; preload"
+
+
+def test_pages_carry_a_content_security_policy_with_no_inline_script_and_no_eval(client, db):
+    policy = client.get("/login/").headers["Content-Security-Policy"]
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";"))
+
+    assert directives["script-src"] == "'self'"
+    assert directives["style-src"] == "'self'"
+    assert directives["default-src"] == "'self'"
+    assert directives["frame-ancestors"] == "'none'"
+    assert "unsafe-eval" not in policy
