@@ -1,3 +1,5 @@
+from csp.constants import SELF, UNSAFE_INLINE
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse
@@ -29,7 +31,16 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # Swagger UI with its start-up script served apart (?script), not inline: the CSP allows none.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    # Redoc styles itself through <style> elements it writes (styled-components) and searches in
+    # a worker it makes from a blob: its page alone allows both. Its scripts are this site's only
+    # (its "powered by" logo, from Redocly's CDN, stays blocked).
+    path(
+        "api/redoc/",
+        csp_update({"style-src": [UNSAFE_INLINE], "worker-src": [SELF, "blob:"]})(
+            SpectacularRedocView.as_view(url_name="api-schema")
+        ),
+        name="api-redoc",
+    ),
     path("api/", include("gpucap.api.urls")),
     path("", include("gpucap.portal.urls")),
     path("", include("gpucap.tenancy.urls")),
