@@ -35,6 +35,17 @@
     form.querySelectorAll(".field-error").forEach(function (error) { error.remove(); });
   });
 
+  // A field with data-clears="a b" empties the fields a and b of its form when it changes (the
+  // usage period: a month clears the days, a day the month).
+  document.addEventListener("change", function (event) {
+    var field = event.target;
+    if (!field.dataset || !field.dataset.clears || !field.form) return;
+    field.dataset.clears.split(" ").forEach(function (name) {
+      var other = field.form.elements.namedItem(name);
+      if (other) other.value = "";
+    });
+  });
+
   document.addEventListener("click", function (event) {
     // The menu button of a narrow screen opens and closes the menu.
     var toggle = event.target.closest(".menu-toggle");

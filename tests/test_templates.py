@@ -35,3 +35,16 @@ def test_no_template_has_an_inline_script_event_handler_or_style_element():
         for match in forbidden.finditer(text)
     ]
     assert offenders == [], "move it to a file under static/ (see static/gpucap.js)"
+
+
+def test_no_form_widget_carries_an_inline_event_handler():
+    """Widgets render HTML too: an ``on...`` attribute there is refused by the CSP as well."""
+    code = Path(__file__).resolve().parents[1] / "gpucap"
+    handler = re.compile(r"[\"']on[a-z]+[\"']\s*:")
+    offenders = [
+        f"{path.relative_to(code)}:{number}"
+        for path in sorted(code.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if handler.search(line)
+    ]
+    assert offenders == [], "use a data- attribute read by static/gpucap.js"

@@ -100,13 +100,14 @@ def _next_month(first: date) -> date:
 
 
 # Choosing a month clears the days, choosing a day clears the month: the days would win.
-CLEAR_DAYS = "this.form.since.value = ''; this.form.until.value = '';"
-CLEAR_MONTH = "this.form.month.value = '';"
+# static/gpucap.js reads data-clears (an inline handler would be refused by the CSP).
+CLEAR_DAYS = "since until"
+CLEAR_MONTH = "month"
 
 
 class MonthField(forms.CharField):
     widget = forms.TextInput(
-        attrs={"type": "month", "placeholder": "YYYY-MM", "onchange": CLEAR_DAYS}
+        attrs={"type": "month", "placeholder": "YYYY-MM", "data-clears": CLEAR_DAYS}
     )
     default_error_messages = {"invalid": "Enter a month as YYYY-MM."}
 
@@ -121,7 +122,7 @@ class MonthField(forms.CharField):
 
 
 class DayField(forms.DateField):
-    widget = forms.DateInput(attrs={"type": "date", "onchange": CLEAR_MONTH}, format="%Y-%m-%d")
+    widget = forms.DateInput(attrs={"type": "date", "data-clears": CLEAR_MONTH}, format="%Y-%m-%d")
     input_formats = ["%Y-%m-%d"]
     default_error_messages = {"invalid": "Enter a day as YYYY-MM-DD."}
 

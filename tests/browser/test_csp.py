@@ -81,6 +81,14 @@ def test_the_pages_work_under_the_content_security_policy_without_a_violation(
     expect(page.locator("#main-nav")).to_be_visible()
     page.set_viewport_size({"width": 1400, "height": 900})
 
+    # The usage period: a month clears the days (gpucap.js), and the report follows.
+    page.goto("/usage/")
+    page.fill("input[name=since]", "2026-10-01")
+    page.fill("input[name=month]", "2026-11")
+    expect(page.locator("input[name=since]")).to_have_value("")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator("#usage-report h2").first).to_contain_text("November 2026")
+
     page.goto("/api/docs/")
     # Swagger UI's start-up script is a file of its own (?script); the schema takes a while.
     expect(page.locator(".swagger-ui .title").first).to_contain_text("gpucap API", timeout=60_000)
