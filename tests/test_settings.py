@@ -1,6 +1,7 @@
 """Settings come from the environment through strict readers; the Celery app is wired."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,15 @@ def test_pages_carry_a_content_security_policy_with_no_inline_script_and_no_eval
     assert directives["default-src"] == "'self'"
     assert directives["frame-ancestors"] == "'none'"
     assert "unsafe-eval" not in policy
+
+
+def test_every_setting_read_from_the_environment_is_documented():
+    names = set(
+        re.findall(r'env_\w+\(\s*"([A-Z0-9_]+)"', (ROOT / "gpucap/settings.py").read_text())
+    )
+    example = (ROOT / ".env.example").read_text()
+    readme = (ROOT / "README.md").read_text()
+
+    assert names, "no settings found"
+    assert [name for name in sorted(names) if f"{name}=" not in example] == []
+    assert [name for name in sorted(names) if f"`{name}`" not in readme] == []
