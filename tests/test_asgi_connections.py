@@ -4,7 +4,6 @@ own). Many concurrent requests must leave PostgreSQL's connection count bounded,
 it was once they are answered; the app refuses to start with persistent connections."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import uvicorn
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
+from tests.asgi_server import asgi_served
 from tests.conftest import PASSWORD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,23 +30,8 @@ CONCURRENCY = 16
 def served(transactional_db):
     """``gpucap.asgi:application`` under uvicorn on a free port, in a thread, with the
     settings as the environment gives them (nothing overridden)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config("gpucap.asgi:application", log_level="warning", proxy_headers=False)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with asgi_served() as url:
+        yield url
 
 
 def others_connected() -> int:

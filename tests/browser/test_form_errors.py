@@ -5,14 +5,9 @@ the page keeps the site's layout (its menu for a signed-in reader), the field's 
 next to the field, and nothing changed in the database."""
 
 import re
-import socket
-import threading
-import time
 from datetime import date, timedelta
 
 import pytest
-import uvicorn
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.auth.tokens import default_token_generator
 from django.utils.encoding import force_bytes
@@ -25,6 +20,7 @@ from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Invitation, Membership
 from gpucap.usage.models import BillingWebhook
+from tests.asgi_server import asgi_served
 from tests.browser.conftest import log_in
 from tests.conftest import PASSWORD
 from tests.inference import conftest as inference_fixtures
@@ -37,32 +33,9 @@ inference_pools = inference_fixtures.inference_pools
 @pytest.fixture
 def make_run_server(transactional_db):
     """``gpucap.asgi:application`` under uvicorn on a free port of 127.0.0.1, in a thread of
-    its own, as the Procfile's web process serves it. Its requests close their database
-    connections as they finish, so none is left open when the test database goes."""
-    database = django_settings.DATABASES["default"]
-    conn_max_age, database["CONN_MAX_AGE"] = database["CONN_MAX_AGE"], 0
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            "gpucap.asgi:application",
-            log_level="warning",
-            proxy_headers=False,  # --no-proxy-headers, as the Procfile says
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=15)
-    sock.close()
-    database["CONN_MAX_AGE"] = conn_max_age
+    its own, as the Procfile's web process serves it."""
+    with asgi_served() as url:
+        yield url
 
 
 @pytest.fixture
