@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Exists, JSONField, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
@@ -48,7 +49,7 @@ from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.inference.models import InferenceDeployment
 from gpucap.plans.models import PlanAction
-from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.rentals.models import VirtualMachine
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +105,24 @@ class LiveCapacity:
             failed[node_id].add(index)
         held: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
         holders: dict[int, VirtualMachine] = {}
+        # Each holder once (not once per GPU), with what the snapshot and the plan name, and
+        # its live allocations' GPUs aggregated in the same statement.
+        order = ("allocations__gpu__node_id", "allocations__gpu__index")
         live = (
-            Allocation.objects.filter(released_at=None, gpu__node_id__in=nodes_by_id)
-            .select_related("vm__tenant", "vm__pool", "gpu")
-            .order_by("vm_id", "gpu__node_id", "gpu__index")
+            VirtualMachine.objects.filter(
+                allocations__released_at=None, allocations__gpu__node_id__in=nodes_by_id
+            )
+            .annotate(
+                held_nodes=ArrayAgg("allocations__gpu__node_id", order_by=order),
+                held_indices=ArrayAgg("allocations__gpu__index", order_by=order),
+            )
+            .select_related("tenant", "pool")
+            .order_by("pk")
         )
-        for allocation in live:
-            held[allocation.vm_id][allocation.gpu.node_id].append(allocation.gpu.index)
-            # Each holder once (not once per GPU), with what the snapshot and the plan name.
-            holders.setdefault(allocation.vm_id, allocation.vm)
+        for vm in live:
+            for node_id, index in zip(vm.held_nodes, vm.held_indices, strict=True):
+                held[vm.pk][node_id].append(index)
+            holders[vm.pk] = vm
         in_flight = VirtualMachine.objects.filter(preempted_for=OuterRef("pk"), state__in=IN_FLIGHT)
         waiting = PlanAction.objects.filter(
             vm=OuterRef("pk"), kind=PlanAction.Kind.PLACEMENT, progress=PlanAction.Progress.WAITING
