@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from django.db import transaction
 
-from gpucap.tasks import on_commit
+from gpucap.tasks import application_transaction, on_commit
 
 Flush = Callable[[set], None]
 
@@ -41,22 +41,13 @@ def publish_on_commit(cache: str, ident, flush: Flush, *, using: str | None = No
         on_commit(lambda: flush({ident}), what=f"{cache} cache flush", using=using)
         return
     collections = connection.__dict__.setdefault("gpucap_cache_flushes", {})
-    key = _transaction_key(connection)
+    key = application_transaction(connection)
     collection = collections.get(cache)
     if collection is None or collection.key != key or not collection.pending(connection):
         collection = _Collection(cache, key, flush, collections)
         collections[cache] = collection
         on_commit(collection.flush, what=f"{cache} cache flush", using=using)
     collection.ids.add(ident)
-
-
-def _transaction_key(connection) -> tuple:
-    """Which transaction the application is in: the depth of its outermost atomic block and,
-    when that block is nested in a test case's wrapper, the savepoint it opened (unique)."""
-    for depth, block in enumerate(connection.atomic_blocks):
-        if not getattr(block, "_from_testcase", False):
-            return (depth, connection.savepoint_ids[depth - 1] if depth else None)
-    return (None, None)
 
 
 class _Collection:

@@ -85,21 +85,29 @@ def _move_ahead(connection, hook: _Hook) -> None:
     pending.insert(at, entry)
 
 
-def _transaction_start(connection) -> int:
-    """Where the hooks of the transaction the application opened begin in ``run_on_commit``:
-    the outermost atomic block that is not a test case's wrapper (as gpucap.cache_flush reads
-    it). In production that is the whole list."""
+def application_transaction(connection) -> tuple:
+    """Which transaction the application is in: the depth of its outermost atomic block and,
+    when that block is nested in a test case's wrapper, the savepoint it opened (unique);
+    ``(None, None)`` outside one."""
     for depth, block in enumerate(connection.atomic_blocks):
         if not getattr(block, "_from_testcase", False):
-            if depth == 0:
-                return 0
-            savepoint = connection.savepoint_ids[depth - 1]
-            pending = connection.run_on_commit
-            at = len(pending)
-            while at > 0 and savepoint in pending[at - 1][0]:
-                at -= 1
-            return at
-    return len(connection.run_on_commit)
+            return (depth, connection.savepoint_ids[depth - 1] if depth else None)
+    return (None, None)
+
+
+def _transaction_start(connection) -> int:
+    """Where the hooks of the transaction the application opened begin in ``run_on_commit``.
+    In production that is the whole list."""
+    depth, savepoint = application_transaction(connection)
+    pending = connection.run_on_commit
+    if depth is None:
+        return len(pending)
+    if depth == 0:
+        return 0
+    at = len(pending)
+    while at > 0 and savepoint in pending[at - 1][0]:
+        at -= 1
+    return at
 
 
 @shared_task(name="gpucap.sessions_clear")
