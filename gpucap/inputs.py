@@ -70,27 +70,18 @@ def is_name_field(path: str) -> bool:
 
 
 def data_problem(data, *, prefix: str = "") -> tuple[str, str] | None:
-    """The first (field path, reason) in parsed request data, walked without recursion: every
-    string, dict keys included, against ``text_problem``, and the nesting against
-    ``MAX_JSON_DEPTH``."""
-    stack = [(prefix, data, 0)]
-    while stack:
-        path, value, depth = stack.pop()
+    """The first (field path, reason) in parsed request data: every string, dict keys
+    included, against ``text_problem``, and the nesting against ``MAX_JSON_DEPTH``."""
+    for path, value, depth in _walk(data, prefix):
         if depth > MAX_JSON_DEPTH:
             return path or "non_field_errors", f"nested more than {MAX_JSON_DEPTH} levels deep"
         if isinstance(value, str):
             if reason := text_problem(value, name=is_name_field(path)):
                 return path or "non_field_errors", reason
         elif isinstance(value, dict):
-            for key, sub in value.items():
-                key_text = str(key)
-                sub_path = f"{path}.{key_text}" if path else key_text
-                if reason := text_problem(key_text, name=True):
+            for key in value:
+                if reason := text_problem(str(key), name=True):
                     return path or "non_field_errors", f"a key {reason}"
-                stack.append((sub_path, sub, depth + 1))
-        elif isinstance(value, (list, tuple)):
-            for index, sub in enumerate(value):
-                stack.append((f"{path}[{index}]", sub, depth + 1))
     return None
 
 
@@ -101,19 +92,23 @@ def json_loads(text: str | bytes, **kwargs):
         value = json.loads(text, **kwargs)
     except RecursionError:
         raise JsonTooDeep from None
-    if _depth_over(value, MAX_JSON_DEPTH):
+    if any(depth > MAX_JSON_DEPTH for _, _, depth in _walk(value)):
         raise JsonTooDeep
     return value
 
 
-def _depth_over(value, limit: int) -> bool:
-    stack = [(value, 0)]
+def _walk(data, prefix: str = ""):
+    """Every value in ``data`` with its field path and nesting depth, without recursion; stops
+    descending below ``MAX_JSON_DEPTH`` + 1 (a caller refuses it there)."""
+    stack = [(prefix, data, 0)]
     while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            return True
+        path, value, depth = stack.pop()
+        yield path, value, depth
+        if depth > MAX_JSON_DEPTH:
+            continue
         if isinstance(value, dict):
-            stack.extend((sub, depth + 1) for sub in value.values())
-        elif isinstance(value, list):
-            stack.extend((sub, depth + 1) for sub in value)
-    return False
+            for key, sub in value.items():
+                stack.append((f"{path}.{key}" if path else str(key), sub, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            for index, sub in enumerate(value):
+                stack.append((f"{path}[{index}]", sub, depth + 1))
