@@ -279,6 +279,8 @@ def fast_password_hashing():
 TEST_BROKER_URL = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15")
 TEST_METADATA_REDIS_URL = os.environ.get("TEST_METADATA_REDIS_URL", "redis://127.0.0.1:6379/14")
 TEST_INFERENCE_REDIS_URL = os.environ.get("TEST_INFERENCE_REDIS_URL", "redis://127.0.0.1:6379/13")
+TEST_ROUTER_REDIS_URL = os.environ.get("TEST_ROUTER_REDIS_URL", "redis://127.0.0.1:6379/11")
+TEST_METRICS_REDIS_URL = os.environ.get("TEST_METRICS_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
 @pytest.fixture(scope="session", autouse=True)

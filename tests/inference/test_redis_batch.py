@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from gpucap.inference.redis_batch import RedisBatch, RedisReplyError, RedisUnavailable
-from tests.conftest import run_in_new_loop
+from tests.conftest import TEST_ROUTER_REDIS_URL, run_in_new_loop
 
-URL = "redis://127.0.0.1:6379/11"  # the router tests' database, under a prefix of this process
+URL = TEST_ROUTER_REDIS_URL  # the router tests' database, under a prefix of this process
 PREFIX = f"gpucap:test{os.getpid()}:batch:"
 DOC = f"{PREFIX}doc:a"
 OTHER = f"{PREFIX}doc:b"

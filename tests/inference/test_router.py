@@ -32,10 +32,11 @@ from gpucap.inference.models import ApiKey
 from gpucap.inference.tasks import probe_replicas
 from gpucap.notices.services import notice_issue
 from gpucap.rentals import services as rentals
+from tests.conftest import TEST_ROUTER_REDIS_URL
 from tests.redis_server import free_port
 from tests.rentals.conftest import _record_sent
 
-ROUTER_TEST_REDIS = "redis://127.0.0.1:6379/11"
+ROUTER_TEST_REDIS = TEST_ROUTER_REDIS_URL  # from the environment (tests/conftest.py)
 MODEL = "gpucap/sim-8b"  # what the deploy fixture serves
 HELLO = [{"role": "user", "content": "Say hello"}]
 SLOW = {"X-Simulator-TTFT-Ms": "1500"}  # a request that holds its replica for 1.5 s

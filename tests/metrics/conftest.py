@@ -1,4 +1,5 @@
-"""Metrics fixtures: the shared counters in a Redis database of the tests' own (9), emptied of
+"""Metrics fixtures: the shared counters in a Redis database of the tests' own (from the
+environment: ``TEST_METRICS_REDIS_URL``), emptied of
 this test database's keys around each test; a scrape helper that parses what /metrics says
 with prometheus_client's own parser; the rentals fixtures for VMs in any state."""
 
@@ -7,9 +8,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpucap import metrics
+from tests.conftest import TEST_METRICS_REDIS_URL
 from tests.rentals.conftest import sent_tasks  # noqa: F401  (fixture)
 
-METRICS_TEST_REDIS = "redis://127.0.0.1:6379/9"
+METRICS_TEST_REDIS = TEST_METRICS_REDIS_URL
 TOKEN = "metrics-test-token-0123456789abcdef"
 
 
