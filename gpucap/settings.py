@@ -245,6 +245,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# A worker that lost its broker tries it again every second, for as long as it takes, rather
+# than backing off to 30 s between tries and giving up after 100 (gpucap.celery.Consumer): the
+# notices sweep it runs is what keeps deadlines that fell due while the broker was away.
+CELERY_WORKER_CONSUMER = "gpucap.celery:Consumer"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # A queue of its own lets a test run's worker consume only that run's tasks.
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # How often inference replicas are matched to the router's queue (gpucap.inference.autoscaler).
