@@ -37,6 +37,7 @@ from gpucap.drivers.base import RUNNING
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import CapacitySet
 from gpucap.notices.models import InterruptionNotice
+from gpucap.notices.services import STOP_RESENT
 from gpucap.plans import services as plans
 from gpucap.plans.invariants import invariants_audit
 from gpucap.plans.models import Plan, PlanAction
@@ -217,7 +218,7 @@ def test_deadlines_are_kept_through_a_killed_worker_an_empty_redis_and_lost_conn
         what="the killed worker's stop to be sent again",
         log=logs,
     )
-    assert AuditEvent.objects.filter(verb="notice.stop_resent", object_id=str(notice.vm_id))
+    assert AuditEvent.objects.filter(verb=STOP_RESENT, object_id=str(notice.vm_id)).exists()
     # The supervisor brings a worker back; the other doomed one goes the same way, untimely.
     every_log.append(workers(**service_env))
     (other,) = [w for w in doomed if w is not dead]
@@ -230,6 +231,10 @@ def test_deadlines_are_kept_through_a_killed_worker_an_empty_redis_and_lost_conn
     time.sleep(OUTAGE_SECONDS)  # the outage itself
     on_own_redis.start()
     faults.append((notice, timezone.now()))
+    victim = notice.vm
+    assert sim.status(victim.instance_id, victim.node.hostname).state == RUNNING, (
+        "the deadline passed in the outage: no stop could reach the hypervisor"
+    )
 
     # (c) Every application connection to PostgreSQL is cut, again and again, across the
     #     deadline.
