@@ -142,6 +142,11 @@ def anonymous_api() -> APIClient:
 
 @pytest.fixture
 def fleet_east(db, tenant, other_tenant):
+    """The fleet most tests run on (``fleet_east_build``)."""
+    return fleet_east_build(tenant, other_tenant)
+
+
+def fleet_east_build(tenant: Tenant, other_tenant: Tenant) -> dict:
     """Cluster ``east``: an NVSwitch H100 set of two 8-GPU nodes (one with a non-adjacent
     partition table), a PCIe L40S set of two 4-GPU nodes, one standalone node, and pools of all
     three kinds. Tenant acme may use ``h100-spot``; globex may use ``l40s-ondemand``. Its image

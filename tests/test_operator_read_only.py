@@ -8,15 +8,11 @@ Left out are the operators' own commands (views marked ``operator_only`` by
 ``IsOperatorOrReadOnly``: reclaim with notice, drains, placements, the fleet) and what anyone
 may post signed out (sign-in, password forms, an invitation's link)."""
 
-import re
-
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from django.urls import URLResolver, get_resolver
 from rest_framework.test import APIClient
 
-from gpucap.api.permissions import IsOperator, IsOperatorOrReadOnly
 from gpucap.audit.models import AuditEvent
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -27,61 +23,13 @@ from tests.conftest import PASSWORD
 from tests.inference import conftest as inference_fixtures
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.vm_helpers import IMAGE, SSH_KEY, running_vm
+from tests.routes import fill, operator_only, routes
 
 pools = rentals_fixtures.pools
 inference_pools = inference_fixtures.inference_pools
 inference_redis = inference_fixtures.inference_redis
 
 UNSAFE = ("post", "put", "patch", "delete")
-
-
-def routes() -> list[tuple[str, object]]:
-    """Every URL pattern as (its whole regular expression, its view)."""
-    found = []
-
-    def walk(patterns, prefix: str) -> None:
-        for pattern in patterns:
-            regex = pattern.pattern.regex.pattern.lstrip("^").removesuffix("\\Z").rstrip("$")
-            if isinstance(pattern, URLResolver):
-                walk(pattern.url_patterns, prefix + regex)
-            else:
-                found.append((prefix + regex, pattern.callback))
-
-    walk(get_resolver().url_patterns, "")
-    return found
-
-
-def operator_only(view) -> bool:
-    """The operators' own commands: not a tenant's to refuse them."""
-    if getattr(view, "operator_only", False):
-        return True
-    cls = getattr(view, "cls", None)
-    if cls is None:
-        return False
-    permissions = getattr(view, "initkwargs", {}).get("permission_classes", cls.permission_classes)
-    return any(issubclass(p, (IsOperator, IsOperatorOrReadOnly)) for p in permissions)
-
-
-def fill(regex: str, ids: dict) -> str | None:
-    """The path of ``regex`` with each named group replaced by the object of acme's that the
-    segment before it names; None for a pattern this check does not need (a format suffix)."""
-    path, at = "", 0
-    for match in re.finditer(r"\(\?P<(\w+)>", regex):
-        if match.start() < at:
-            continue  # a group inside one already replaced
-        name, depth, end = match[1], 0, match.start()
-        for end in range(match.start(), len(regex)):
-            depth += {"(": 1, ")": -1}.get(regex[end], 0) if regex[end - 1] != "\\" else 0
-            if depth == 0:
-                break
-        before = regex[at : match.start()]
-        segment = before.rstrip("/").rsplit("/", 1)[-1] or path.rstrip("/").rsplit("/", 1)[-1]
-        if name == "format":
-            return None
-        path += before + str(ids.get((segment, name), ids.get(name, "1")))
-        at = end + 1
-    path += regex[at:]
-    return "/" + path.replace("\\", "")
 
 
 @pytest.fixture

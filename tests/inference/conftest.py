@@ -28,6 +28,10 @@ def inference_redis(settings):
 
 @pytest.fixture
 def inference_pools(fleet_east, tenant, other_tenant) -> dict:
+    return inference_pools_build(fleet_east, tenant)
+
+
+def inference_pools_build(fleet_east: dict, tenant) -> dict:
     """h100-inference (set h100-east, rank 1, floor 4) and a100-inference (standalone on
     a100-001), both open to acme."""
     pools = fleet_east["pools"]
