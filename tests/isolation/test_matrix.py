@@ -5,7 +5,8 @@ the operators' fleet), each route, role and method its own test.
 - Signed out: a page sends to the sign-in page, the API answers 401, the admin sends to its own
   sign-in page.
 - globex's admin (the attacker): never acme's object. A GET is 404 or 403 (405 where the route
-  takes no GET), in the project's error shape; no answer carries any of acme's words. A POST,
+  takes no GET), in the project's error shape, for a page and for its HTMX fragment alike; no
+  answer carries any of acme's words. A POST,
   PUT, PATCH or DELETE is refused the same way and changes no row of the database.
 - acme's member and admin: find their own objects (never 404); the operators' routes answer
   them 403 or 404.
@@ -83,6 +84,10 @@ def test_isolation(world: World, db, regex, view, role, method):
     before = database_rows() if method != "get" else None  # after signing in, which writes
     response = ask(client, method, path)
     problems = judge(regex, view, role, method, response, world)
+    if role == "b_admin" and method == "get" and not path.startswith(("/api/", "/admin/")):
+        # A page's live parts are its HTMX fragments, answered by the same route.
+        fragment = ask(client, method, path, HTTP_HX_REQUEST="true")
+        problems += [f"fragment: {p}" for p in judge(regex, view, role, method, fragment, world)]
     if before is not None and (after := database_rows()) != before:
         changed = sorted(table for table in before if after[table] != before[table])
         problems.append(f"the refused request changed the database: {changed}")
@@ -156,10 +161,10 @@ def client_of(world: World, role: str, path: str) -> Client:
     return client
 
 
-def ask(client: Client, method: str, path: str):
+def ask(client: Client, method: str, path: str, **headers):
     if path.startswith("/api/"):
         return getattr(client, method)(path, {}, format="json")
-    return getattr(client, method)(path)
+    return getattr(client, method)(path, **headers)
 
 
 def database_rows() -> dict:
