@@ -39,8 +39,10 @@ SECRET = "acme-secret"
 
 @dataclass
 class World:
-    users: dict[str, User]  # by role: a_member, a_admin, b_admin, operator
+    users: dict[str, User]  # by role: a_member, a_admin, b_admin (also as b_admin@globex), operator
     ids: dict  # what fills each captured parameter: see tests/routes.fill
+    # globex's own tenant and deployment, for the attacker who names acme's object under them
+    own_ids: dict
     markers: list[str] = field(default_factory=list)  # acme's words globex must never read
 
 
@@ -154,7 +156,23 @@ def world_build() -> World:
         ("plans", "pk"): plan.pk,
     }
     markers = [SECRET, vm.instance_id, vm.ip_address, api_key.prefix, invitation.email]
-    return World(users=users, ids=ids, markers=markers)
+    # globex's deployment, in the standalone inference pool it may use too
+    fleet.pool_set_tenants(pool=inference_pools["standalone"], tenants=[acme, globex])
+    theirs = inference.deployment_create(
+        tenant=globex,
+        pool=inference_pools["standalone"],
+        name="chat",
+        model_name="gpucap/sim-8b",
+        gpus_per_replica=1,
+        actor=users["b_admin"],
+    )
+    own_ids = {
+        "slug": globex.slug,
+        ("tenants", "pk"): globex.pk,
+        ("inference", "name"): theirs.name,
+    }
+    users["b_admin@globex"] = users["b_admin"]
+    return World(users=users, ids=ids, own_ids=own_ids, markers=markers)
 
 
 def _user(username: str, tenant: Tenant, role: str) -> User:
