@@ -78,10 +78,10 @@ def world_build() -> World:
     east = fleet_east_build(acme, globex)
     pools = grant_pools(east, acme, globex)
     inference_pools = inference_pools_build(east, acme)
-    # A cluster only acme uses: its image is in acme's catalogue and not in globex's.
+    # A cluster only acme uses: its pool and image are in acme's catalogue, not in globex's.
     west = fleet.cluster_create(name="west")
     west_pool = fleet.pool_create(
-        name="west-ondemand",
+        name="acme-secret-west",
         kind="on_demand",
         cluster=west,
         rank=1,

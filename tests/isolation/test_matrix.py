@@ -108,6 +108,24 @@ def test_isolation(world: World, db, regex, view, role, method):
     assert not problems, f"{role} {method.upper()} {path}: {response.status_code}: {problems}"
 
 
+# Every other route that answers a GET: lists, overviews, exports, the API root and schema.
+LISTS = [regex for regex, _ in routes() if not captures(regex) and not regex.startswith("admin/")]
+
+
+@pytest.mark.parametrize("regex", LISTS, ids=label)
+def test_no_list_shows_acme_s_things_to_globex(world: World, db, regex):
+    """What the matrix asks of one object, asked of every list, filtered to acme's or not."""
+    path = fill(regex, {})
+    client = client_of(world, "b_admin", path)
+    slug, pk = world.ids["slug"], world.ids[("tenants", "pk")]
+    for query in ("", f"?tenant={slug}", f"?tenant={pk}&tenant_id={pk}"):
+        for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+            response = ask(client, "get", path + query, **headers)
+            shown = [marker for marker in world.markers if marker in text(response)]
+            assert response.status_code < 500, f"{path}{query}: a server error"
+            assert not shown, f"{path}{query} shows globex acme's things: {shown}"
+
+
 def test_the_walk_finds_the_routes_of_every_kind():
     """The matrix is no smaller than the routes this issue names, pages, fragments and API."""
     found = {label(regex) for regex, _ in OBJECT_ROUTES}
@@ -222,6 +240,8 @@ def judge(regex: str, view, role: str, method: str, response, world: World) -> l
         signed_out = status == 401 if regex.startswith("api/") else sends_to(response, "/login/")
         if not signed_out:
             problems.append("signed out: expected 401 (API) or the sign-in page")
+        elif status == 401:
+            problems.extend(error_shape(regex, response))
     elif role in ATTACKERS or (role.startswith("a_") and for_operators(view)):
         if status not in REFUSED:
             problems.append(f"expected one of {REFUSED}")
