@@ -2,12 +2,14 @@
 URL resolver, pages and API alike, asked by every role for an object of tenant acme's (or of
 the operators' fleet), each route, role and method its own test.
 
-- Signed out: a page sends to the sign-in page, the API answers 401, the admin sends to its own
-  sign-in page.
+- Signed out: a page sends to the sign-in page, the API answers 401 in its error shape, the
+  admin sends to its own sign-in page.
 - globex's admin (the attacker): never acme's object. A GET is 404 or 403 (405 where the route
-  takes no GET), in the project's error shape, for a page and for its HTMX fragment alike; no
-  answer carries any of acme's words. A POST,
-  PUT, PATCH or DELETE is refused the same way and changes no row of the database.
+  takes no GET), in the project's error shape, for a page and for its HTMX fragment alike, and
+  the same answer as for an object that does not exist; no answer carries any of acme's words.
+  A POST, PUT, PATCH or DELETE is refused the same way and changes no row of the database.
+  Where a route names a tenant and an object inside it, globex's admin asks under its own
+  tenant too.
 - acme's member and admin: find their own objects (never 404); the operators' routes answer
   them 403 or 404.
 - An operator: reads every object, tenants' and fleet's alike (never 404).
@@ -15,6 +17,10 @@ the operators' fleet), each route, role and method its own test.
 
 A route that captures a parameter the matrix has no object for fails here with the name of
 what to add (tests/isolation/conftest.py's ``ids``): a new route cannot slip past.
+
+The apps in front of Django take no id from the resolver: the metadata endpoint knows a guest
+by its address (tests/notices/test_metadata.py), the router a deployment by its API key, and
+another tenant's key is a 401 that reaches no replica (tests/inference/test_router.py).
 """
 
 import re
@@ -102,6 +108,11 @@ def test_isolation(world: World, db, regex, view, role, method):
         # A page's live parts are its HTMX fragments, answered by the same route.
         fragment = ask(client, method, path, HTTP_HX_REQUEST="true")
         problems += [f"fragment: {p}" for p in judge(regex, view, role, method, fragment, world)]
+    if role in ATTACKERS and not regex.startswith("admin/") and not LINKS & set(captures(regex)):
+        # Outsiders must not learn that acme's object exists: it is refused as none would be.
+        ghost = ask(client, method, path_of(regex, world, role, ghost=True)).status_code
+        if ghost != response.status_code:
+            problems.append(f"no such object answers {ghost}: globex learns acme's exists")
     if before is not None and (after := database_rows()) != before:
         changed = sorted(table for table in before if after[table] != before[table])
         problems.append(f"the refused request changed the database: {changed}")
@@ -156,15 +167,23 @@ def test_every_captured_parameter_has_an_object_in_the_matrix(world: World, db):
 # --- asking -------------------------------------------------------------------------------------
 
 
-def path_of(regex: str, world: World, role: str = "") -> str:
+def path_of(regex: str, world: World, role: str = "", *, ghost: bool = False) -> str:
     """The route's path for acme's object (or the fleet's), under globex's tenant for
-    ``b_admin@globex``; ``UnknownCapture`` when the matrix has none for one of its parameters."""
-    ids = dict(world.ids)
+    ``b_admin@globex``; with ``ghost``, for objects that do not exist. ``UnknownCapture`` when
+    the matrix has none for one of its parameters."""
+    ids = {key: ghost_of(value) if ghost else value for key, value in world.ids.items()}
     if regex.startswith("admin/"):
         ids.update(admin_ids(regex))
     if role == ATTACKERS[1]:
         ids.update(world.own_ids)
     return fill(regex, ids, default=None)
+
+
+def ghost_of(value):
+    """An id like ``value`` that names nothing; a format stays a format."""
+    if value in ("csv", "json"):
+        return value
+    return value + 100_000 if isinstance(value, int) else f"{value}-gone"
 
 
 def admin_ids(regex: str) -> dict:
