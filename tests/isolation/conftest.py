@@ -155,7 +155,8 @@ def world_build() -> World:
         ("images", "pk"): image.pk,  # in acme's catalogue alone
         ("plans", "pk"): plan.pk,
     }
-    markers = [SECRET, vm.instance_id, vm.ip_address, api_key.prefix, invitation.email]
+    # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.
+    markers = [SECRET, vm.ip_address, api_key.prefix, invitation.email]
     # globex's deployment, in the standalone inference pool it may use too
     fleet.pool_set_tenants(pool=inference_pools["standalone"], tenants=[acme, globex])
     theirs = inference.deployment_create(
