@@ -95,7 +95,7 @@ def names_inside_a_tenant(regex: str) -> bool:
 
 
 @pytest.mark.parametrize(("regex", "view", "role", "method"), list(cases()))
-def test_isolation(world: World, db, regex, view, role, method):
+def test_each_role_gets_only_what_is_its_own(world: World, db, regex, view, role, method):
     try:
         path = path_of(regex, world, role)
     except UnknownCapture as missing:
