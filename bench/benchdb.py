@@ -7,9 +7,16 @@ import os
 from urllib.parse import urlsplit, urlunsplit
 
 
+def redis_url(default_db: int) -> str:
+    """The Redis database a bench writes to: ``BENCH_REDIS_URL`` when set (one database for
+    every bench: each deletes only its own keys), else the bench's own database ``default_db``
+    on the local Redis."""
+    return os.environ.get("BENCH_REDIS_URL") or f"redis://127.0.0.1:6379/{default_db}"
+
+
 def bench_env(*, db_name: str, redis_db: int, queue: str) -> dict[str, str]:
     base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucap"))
-    redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+    url = redis_url(redis_db)
     return {
         "DJANGO_SETTINGS_MODULE": "gpucap.settings",
         "DATABASE_URL": urlunsplit(base._replace(path=f"/{db_name}")),
@@ -17,10 +24,10 @@ def bench_env(*, db_name: str, redis_db: int, queue: str) -> dict[str, str]:
         "SECRET_KEY": "bench-only-secret-key",
         "ALLOWED_HOSTS": "testserver",
         "SECURE_SSL_REDIRECT": "0",  # plain HTTP on loopback
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
-        "METADATA_REDIS_URL": redis_url,
-        "INFERENCE_REDIS_URL": redis_url,
+        "REDIS_URL": url,
+        "CELERY_BROKER_URL": url,
+        "METADATA_REDIS_URL": url,
+        "INFERENCE_REDIS_URL": url,
         "CELERY_TASK_DEFAULT_QUEUE": queue,
         "LOG_LEVEL": "WARNING",
     }

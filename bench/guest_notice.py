@@ -9,8 +9,8 @@ uvicorn, trusting the node's address only), and for ROUNDS rounds every guest ge
 the document gpucap.notices.cache publishes is written to Redis, and the latency is the time
 until the guest's serial console prints it (read every 50 ms).
 
-The metadata Redis is a database of its own (REDIS_DB); only this bench's keys are written and
-deleted, nothing is flushed.
+The metadata Redis is a database of its own (REDIS_DB, or BENCH_REDIS_URL); only this bench's
+keys are written and deleted, nothing is flushed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import benchdb
 
 ROOT = Path(__file__).resolve().parent.parent
 GUESTS = 3
@@ -43,7 +45,7 @@ def main() -> int:
             "DJANGO_SETTINGS_MODULE": "gpucap.settings",
             "DEBUG": "0",
             "SECRET_KEY": "bench-only-secret-key",
-            "METADATA_REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+            "METADATA_REDIS_URL": benchdb.redis_url(REDIS_DB),
             "METADATA_TRUSTED_PROXIES": rig.NODE_SIDE,
             "LOG_LEVEL": "WARNING",
         }

@@ -2,8 +2,9 @@
 
 Runs gpucap.asgi:application as the Procfile deploys it (uvicorn, WORKERS processes,
 --no-proxy-headers) on loopback, with 16,000 VM documents in a Redis database of its own
-(REDIS_DB, emptied first), 5 % of them with an open notice. A separate load process (wrk, from
-Debian) holds CONCURRENCY keep-alive connections for SECONDS per phase:
+(REDIS_DB or BENCH_REDIS_URL, gpucap's keys emptied first), 5 % of them with an open notice. A
+separate load process (wrk, from Debian) holds CONCURRENCY keep-alive connections for SECONDS
+per phase:
 
 1. metadata: ``GET /latest/meta-data/spot/instance-action`` with a valid IMDSv2 token, each
    request as a different guest: 127.0.0.1 is the trusted proxy and names the guest in
@@ -30,6 +31,8 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import benchdb
+
 ROOT = Path(__file__).resolve().parent.parent
 GUESTS = 16_000
 NOTIFIED_EVERY = 20  # 5 %
@@ -47,7 +50,7 @@ ENV = {
     "DEBUG": "0",
     "SECRET_KEY": "bench-only-secret-key",
     "ALLOWED_HOSTS": "127.0.0.1",
-    "METADATA_REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+    "METADATA_REDIS_URL": benchdb.redis_url(REDIS_DB),
     "METADATA_TRUSTED_PROXIES": "127.0.0.1",
     "LOG_LEVEL": "WARNING",
     # As the Procfile deploys it: the workers count requests in prometheus_client's

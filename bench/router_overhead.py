@@ -1,12 +1,12 @@
 """What does the inference router add to a request? (``make bench``)
 
 Runs gpucap.asgi:application as the Procfile deploys it (uvicorn, WORKERS processes,
---no-proxy-headers) on loopback. That one server is both the router and, as with `make run`,
-the model simulator of a deployment's two simulated replicas, answering at once (time to first
-token 0, every token at once). The deployment's route document and an API key's document are
-written straight into a Redis database of the bench's own (REDIS_DB, emptied first), as the
-services publish them once both replicas' readiness probes have answered; nothing else is
-needed, the router reads Redis only.
+--no-proxy-headers) on loopback. That one server is both the router and, as with `make run`, the
+model simulator of a deployment's two simulated replicas, answering at once (time to first token
+0, every token at once). The deployment's route document and an API key's document are written
+straight into a Redis database of the bench's own (REDIS_DB or BENCH_REDIS_URL, gpucap's keys
+emptied first), as the services publish them once both replicas' readiness probes have answered;
+nothing else is needed, the router reads Redis only.
 
 The same load, non-streamed chat completions with ``max_tokens`` 8 sent by wrk over keep-alive
 connections, goes
@@ -42,6 +42,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import benchdb
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 CONCURRENCY = 32
@@ -63,8 +65,8 @@ ENV = {
     "DEBUG": "0",
     "SECRET_KEY": "bench-only-secret-key",
     "ALLOWED_HOSTS": "127.0.0.1",
-    "REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
-    "INFERENCE_REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+    "REDIS_URL": benchdb.redis_url(REDIS_DB),
+    "INFERENCE_REDIS_URL": benchdb.redis_url(REDIS_DB),
     "SIMULATOR_ENABLED": "1",  # the replicas' model servers are this same app
     "SIMULATOR_TTFT_MS": "0",
     "SIMULATOR_TOKENS_PER_SECOND": "0",

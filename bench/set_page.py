@@ -1,13 +1,14 @@
 """Does the capacity set page stay fast on a 2,000-node set? (``make bench``)
 
-Builds one NVSwitch H100 capacity set in a PostgreSQL database of its own (DB_NAME, created
-and migrated here, dropped at the end) and grows it through three sizes: 200, 1,000 and 2,000
-nodes x 8 GPUs. Everything is written by the real services, one transaction per node:
+Builds one NVSwitch H100 capacity set in a PostgreSQL database of its own (DB_NAME, created and
+migrated here, dropped at the end) and grows it through three sizes: 200, 1,000 and 2,000 nodes
+x 8 GPUs. Everything is written by the real services, one transaction per node:
 ``gpucap.fleet.services`` (cluster, set, nodes, pools, tenants, floors, cordons, failed GPUs)
-and ``gpucap.rentals.services`` (``vm_request`` -> ``vm_place`` -> ``vm_mark_running``), so
-the rows (GPUs, VMs, allocations, usage intervals, audit events, generations) are exactly the
-ones production has. Their Celery tasks and Redis writes go to a queue and a Redis database of
-the bench's own (REDIS_DB, emptied before and after); no worker consumes them.
+and ``gpucap.rentals.services`` (``vm_request`` -> ``vm_place`` -> ``vm_mark_running``), so the
+rows (GPUs, VMs, allocations, usage intervals, audit events, generations) are exactly the ones
+production has. Their Celery tasks and Redis writes go to a queue and a Redis database of the
+bench's own (REDIS_DB or BENCH_REDIS_URL, its keys deleted before and after); no worker consumes
+them.
 
 Each node gets running VMs of mixed sizes (1/2/4/8 GPUs, on its own partition table; one in
 five nodes has the HGX non-adjacent pairs) until 2-8 of its GPUs are held (about three quarters
