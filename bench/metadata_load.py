@@ -21,17 +21,15 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import benchdb
+import stack
 
 ROOT = Path(__file__).resolve().parent.parent
 GUESTS = 16_000
@@ -72,14 +70,14 @@ def main() -> int:
 
     guests = guest_addresses()
     notified = write_documents(guests)
-    port = free_port()
+    port = stack.free_port()
     print("metadata load: gpucap.asgi:application under uvicorn on 127.0.0.1")
     print(
         f"{os.cpu_count()} CPUs, {WORKERS} uvicorn workers, {GUESTS:,} guests "
         f"({len(notified):,} notified), wrk: 1 thread, {CONCURRENCY} connections, "
         f"{SECONDS} s per phase\n"
     )
-    server = start_server(port)
+    server = stack.server_start(port, ENV, workers=WORKERS)
     try:
         check_answers(port, guests, notified)
         with tempfile.TemporaryDirectory() as scratch:
@@ -88,7 +86,7 @@ def main() -> int:
             metadata = run_wrk(port, "/latest/meta-data/spot/instance-action", script)
             django_view = run_wrk(port, "/healthz", None)
     finally:
-        stop_server(server)
+        stack.process_stop(server)
     report(metadata, django_view)
     ratio = metadata["rps"] / django_view["rps"]
     met = metadata["rps"] >= GOAL_RPS and metadata["p99_ms"] < GOAL_P99_MS and ratio >= GOAL_RATIO
@@ -129,50 +127,6 @@ def write_documents(guests: list[str]) -> set[str]:
     pipe.set(SYNCED_KEY, "0")  # as a full resync leaves it: an absent document is no VM
     pipe.execute()
     return notified
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    command = [
-        str(ROOT / ".venv/bin/uvicorn"),
-        "gpucap.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(WORKERS),
-        "--no-proxy-headers",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env=ENV, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.read() == b"ok":
-                    return server
-        except OSError:
-            time.sleep(0.2)
-    stop_server(server)
-    raise SystemExit("uvicorn did not start")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def check_answers(port: int, guests: list[str], notified: set[str]) -> None:

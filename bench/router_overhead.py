@@ -31,8 +31,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +41,7 @@ import urllib.request
 from pathlib import Path
 
 import benchdb
+import stack
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
@@ -88,7 +87,7 @@ def main() -> int:
         print("wrk is not installed (make bench installs Debian's wrk)")
         return 2
 
-    port = free_port()
+    port = stack.free_port()
     base = f"http://127.0.0.1:{port}"
     secret = write_documents(base)
     direct_path = f"/simulated/replicas/{REPLICAS[0]}/v1/chat/completions"
@@ -100,7 +99,7 @@ def main() -> int:
         f"{SECONDS} s per phase in {ROUNDS} alternating rounds, chat completions of 8 tokens, "
         "not streamed\n"
     )
-    server = start_server(port)
+    server = stack.server_start(port, ENV, workers=WORKERS)
     try:
         check_answers(base, direct_path, router_path, secret)
         router_counted(clear=True)
@@ -117,7 +116,7 @@ def main() -> int:
                     rows[(name, connections)] = combined(runs)
         counted = router_counted()
     finally:
-        stop_server(server)
+        stack.process_stop(server)
     report(rows, counted)
     overhead = rows[("router", 1)]["p50_ms"] - rows[("direct", 1)]["p50_ms"]
     ratio = rows[("router", CONCURRENCY)]["rps"] / rows[("direct", CONCURRENCY)]["rps"]
@@ -184,50 +183,6 @@ def router_counted(*, clear: bool = False) -> int:
     if clear and keys:
         client.delete(*keys)
     return counted
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    command = [
-        str(ROOT / ".venv/bin/uvicorn"),
-        "gpucap.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(WORKERS),
-        "--no-proxy-headers",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env=ENV, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.read() == b"ok":
-                    return server
-        except OSError:
-            time.sleep(0.2)
-    stop_server(server)
-    raise SystemExit("uvicorn did not start")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def check_answers(base: str, direct_path: str, router_path: str, secret: str) -> None:
