@@ -80,6 +80,7 @@ bench: install-dev wrk realguest
 	$(PY) bench/usage_export.py
 	$(PY) bench/router_overhead.py
 	$(PY) bench/guest_notice.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

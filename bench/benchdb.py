@@ -62,15 +62,16 @@ def database_drop(database_url: str) -> None:
 
 def redis_forget(redis_url: str, queue: str) -> None:
     """Delete what a bench leaves in its Redis database: gpucap's keys (cache, metadata,
-    inference, all under ``gpucap:``) and its own Celery queue. Never the whole database:
-    other programs may share it."""
+    inference, all under ``gpucap:``), its own Celery queue and the bindings a worker made for
+    that queue (kombu's ``_kombu.binding.<queue>`` keys). Never the whole database: other
+    programs may share it."""
     import redis
 
     from gpucap.redis_clients import keys_delete
 
     client = redis.Redis.from_url(redis_url)
     keys_delete(client, "gpucap:*")
-    client.delete(queue)
+    client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
 
 
 def vacuum_analyze() -> None:
