@@ -29,7 +29,8 @@ DRAINED_KINDS = (Pool.Kind.SPOT, Pool.Kind.INFERENCE)
 @transaction.atomic
 def node_drain(*, node: Node, actor: Actor, message: str = "") -> Node:
     """Start draining ``node`` (or, if it drains already, warn the VMs not warned yet)."""
-    locked = Node.objects.select_for_update().get(pk=node.pk)
+    # No key: a placement committing on the node must not wait for us (fleet's node_set_state).
+    locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if locked.state == NodeState.DOWN:
         raise Conflict(
             f"node {locked.hostname} is down: no guest on it can be warned. Mark it up (it "
@@ -79,7 +80,11 @@ def capacity_set_drain(*, capacity_set: CapacitySet, actor: Actor) -> list[Node]
 def node_drain_finish(*, node_id: int) -> bool:
     """A draining node that no VM holds any more becomes ``cordoned``. Returns whether it
     did; a node that is not draining, or still busy, is left as it is."""
-    node = Node.objects.select_for_update().filter(pk=node_id, state=NodeState.DRAINING).first()
+    node = (
+        Node.objects.select_for_update(no_key=True)
+        .filter(pk=node_id, state=NodeState.DRAINING)
+        .first()
+    )
     if node is None:
         return False
     if VirtualMachine.objects.filter(node_id=node_id, state__in=HOLDING).exists():
@@ -101,7 +106,7 @@ def drains_sweep() -> list[int]:
     for node_id in Node.objects.filter(state=NodeState.DRAINING).values_list("pk", flat=True):
         with transaction.atomic():
             node = (
-                Node.objects.select_for_update()
+                Node.objects.select_for_update(no_key=True)
                 .filter(pk=node_id, state=NodeState.DRAINING)
                 .first()
             )

@@ -53,8 +53,8 @@ def node_set_module_ids(
 ) -> Node:
     """Set the module ids of some of a node's GPUs (GPU index -> module id, None to clear).
     All are checked together, so two cards may swap their ids in one call."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    gpus = {gpu.index: gpu for gpu in Gpu.objects.select_for_update().filter(node=node)}
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
+    gpus = {gpu.index: gpu for gpu in Gpu.objects.select_for_update(no_key=True).filter(node=node)}
     for index, module_id in module_ids.items():
         if index not in gpus:
             problem = f"GPU {index!r} is not a GPU of {node.hostname} (0..{node.gpu_count - 1})"
@@ -102,7 +102,7 @@ def node_set_fabric_partitions(
     mapped to GPU indices through the node's GPUs' module ids, and the table must pass the
     rules every partition table passes. Any problem refuses the whole table, naming each
     partition by Fabric Manager's id, and changes nothing."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.fabric != "nvswitch":
         problem = f"{node.hostname} is {node.fabric}; only NVSwitch nodes have NVLink partitions"
         raise ValidationError({"partitions": problem})

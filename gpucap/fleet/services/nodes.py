@@ -160,7 +160,7 @@ def node_update(
     """Change a node's descriptive fields. A partition table change alters what can be placed,
     so it bumps the set's generation. The guest network changes only while no VM holds GPUs
     on the node: its guests keep the addresses and bridge they booted with."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     before = _described(node)
     if guest_bridge is not None or guest_subnet is not None:
         _guest_network_change(
@@ -300,7 +300,11 @@ def node_set_state(*, node: Node, state: str, actor: Actor = None, message: str 
     A node marked down takes its VMs with it (``signals.node_went_down``)."""
     if state not in Node.State.values:
         raise ValidationError({"state": f"unknown state {state!r}"})
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    # FOR NO KEY UPDATE, as every node and GPU lock here but a delete's: a placement on this
+    # node holds its set's row (the generation bump) until its commit checks its references to
+    # the node and GPUs (deferred foreign keys, FOR KEY SHARE). FOR UPDATE would wait for that
+    # check while the placement waits for our bump: a deadlock (tests/notices/test_drain_race.py).
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state == state:
         return node
     verb = _NODE_TRANSITIONS.get((node.state, state))
@@ -336,7 +340,7 @@ def node_uncordon(*, node: Node, actor: Actor = None) -> Node:
 def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
     if health not in Gpu.Health.values:
         raise ValidationError({"health": f"unknown health {health!r}; choose ok or failed"})
-    gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
+    gpu = Gpu.objects.select_for_update(no_key=True).select_related("node").get(pk=gpu.pk)
     return field_change(
         gpu,
         "health",
@@ -350,7 +354,7 @@ def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
 @transaction.atomic
 def node_join_set(*, node: Node, capacity_set: CapacitySet, actor: Actor = None) -> Node:
     """Put a node into a capacity set of its own cluster, GPU model and fabric."""
-    node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).select_related("cluster").get(pk=node.pk)
     if node.capacity_set_id == capacity_set.pk:
         return node
     if node.capacity_set_id is not None:
@@ -388,7 +392,9 @@ def node_join_set(*, node: Node, capacity_set: CapacitySet, actor: Actor = None)
 @transaction.atomic
 def node_leave_set(*, node: Node, actor: Actor = None) -> Node:
     node = (
-        Node.objects.select_for_update(of=("self",)).select_related("capacity_set").get(pk=node.pk)
+        Node.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("capacity_set")
+        .get(pk=node.pk)
     )
     capacity_set = node.capacity_set
     if capacity_set is None:
