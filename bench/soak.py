@@ -60,7 +60,7 @@ FAST = {
     "RENTALS_POLL_SECONDS": "1",
     "RENTALS_RECONCILE_SECONDS": "5",
     "INFERENCE_AUTOSCALE_SECONDS": "2",
-    "INFERENCE_PROBE_SECONDS": "1",
+    "INFERENCE_PROBE_SECONDS": "2",
 }
 FLEET = f"""
 version: 1
@@ -183,7 +183,7 @@ def run(base: str, minutes: float) -> int:
     print(
         f"{os.cpu_count()} CPUs, {len(nodes)} nodes in 2 enforced sets, notices of "
         f"{NOTICE_SECONDS} s, {len(TENANTS)} tenants, {soak_day.INFERENCE_CLIENTS} inference "
-        f"clients, a day of {minutes:g} minutes\n"
+        f"clients, a day of {minutes:g} minutes, load average {os.getloadavg()[0]:.1f}\n"
     )
 
     day = soak_day.Day(minutes, recorder)

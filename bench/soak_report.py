@@ -3,6 +3,7 @@ day did (from the recorder and the database) against the goals, and say whether 
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -32,7 +33,10 @@ def report(recorder, *, day_seconds: float, settled: bool) -> int:
     """Print the summary block; returns the exit status (0: every goal met)."""
     api = [call for calls in recorder.api.values() for call in calls]
     statuses = Counter(_status_class(status) for status, _ in api)
-    print(f"day: {day_seconds:.0f} s of wall time")
+    print(
+        f"day: {day_seconds:.0f} s of wall time, load average at its end "
+        f"{os.getloadavg()[0]:.1f} (of every process on the machine)"
+    )
     print(
         f"API requests: {len(api):,} ({_counts(statuses)}), latency "
         f"p50 {_ms(_quantile([s for _, s in api], 0.50))}, "
@@ -58,7 +62,9 @@ def report(recorder, *, day_seconds: float, settled: bool) -> int:
     )
     print(f"notices sent: {figures['notices']:,} ({_counts(figures['reasons'])})")
     print(f"  ended as: {_counts(figures['outcomes'])}")
-    released, stopping = figures["released"], figures["stopping"]
+    deadlines = figures["deadlines"]
+    released = [late for *_, late in deadlines]
+    stopping = [sent for _, _, sent, _ in deadlines if sent is not None]
     print(
         "deadline lateness, from each notice's deadline (stopped at the deadline, "
         f"{len(released):,} notices):"
@@ -68,6 +74,10 @@ def report(recorder, *, day_seconds: float, settled: bool) -> int:
     within = sum(1 for late in released if late <= GOAL_WITHIN_SECONDS)
     share = within / len(released) if released else 0.0
     print(f"  within {GOAL_WITHIN_SECONDS:g} s: {within:,} of {len(released):,} ({share:.1%})")
+    for notice, reason, sent, late in sorted(deadlines, key=lambda d: -d[3])[:5]:
+        if late > GOAL_WITHIN_SECONDS:
+            sent_words = "never" if sent is None else f"+{sent:.2f} s"
+            print(f"  late: notice {notice} ({reason}): sent {sent_words}, released +{late:.2f} s")
     if not settled:
         print(f"  {figures['open']} notices still open when the bench gave up waiting")
     print(
@@ -127,15 +137,23 @@ def database_figures() -> dict:
             "reasons": Counter(n.reason for n in notices),
             "outcomes": Counter(n.outcome or "open" for n in notices),
             "open": sum(1 for n in notices if n.completed_at is None),
-            "released": [(n.completed_at - n.deadline).total_seconds() for n in stopped],
-            "stopping": [
-                (at - n.deadline).total_seconds()
+            # (notice, reason, seconds to its stop sent, seconds to its GPUs released)
+            "deadlines": [
+                (
+                    n.pk,
+                    n.reason,
+                    _after(next((t for t in stops.get(n.vm_id, []) if t >= n.issued_at), None), n),
+                    _after(n.completed_at, n),
+                )
                 for n in stopped
-                if (at := next((t for t in stops.get(n.vm_id, []) if t >= n.issued_at), None))
             ],
         }
     finally:
         connection.close()
+
+
+def _after(at, notice) -> float | None:
+    return None if at is None else (at - notice.deadline).total_seconds()
 
 
 def _quantile(values: list[float], q: float) -> float | None:
