@@ -145,7 +145,7 @@ def main() -> int:
         for name in ("worker1", "worker2", "beat"):
             log = Path(scratch.name) / f"{name}.log"
             processes.append(stack.celery_start(env, log, beat=name == "beat"))
-        return run(base, args.minutes)
+        return run(base, args.minutes, logs=Path(scratch.name))
     finally:
         for process in processes:
             stack.process_stop(process)
@@ -166,7 +166,7 @@ def fleet_load() -> None:
     fleet_file_apply(fleet_file_parse(FLEET, source="bench/soak.py"))
 
 
-def run(base: str, minutes: float) -> int:
+def run(base: str, minutes: float, *, logs: Path) -> int:
     recorder = soak_day.Recorder()
     rng = random.Random(SEED)
     ops = soak_day.Api(base, token(base, "soak-ops"), recorder)
@@ -201,7 +201,9 @@ def run(base: str, minutes: float) -> int:
         ops.call("set mode", "POST", f"capacity-sets/{set_id}/mode/", {"mode": "dry_run"})
     settled = soak_report.notices_settle(timeout=NOTICE_SECONDS + 120)
     soak_day.audit_once(recorder)
-    return soak_report.report(recorder, day_seconds=day_seconds, settled=settled)
+    return soak_report.report(
+        recorder, day_seconds=day_seconds, settled=settled, logs=sorted(logs.glob("*.log"))
+    )
 
 
 def listed(api: soak_day.Api, path: str) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from pathlib import Path
 
 GOAL_WITHIN_SECONDS = 2.0
 GOAL_SHARE = 0.99
@@ -29,7 +30,7 @@ def notices_settle(*, timeout: float) -> bool:
         connection.close()
 
 
-def report(recorder, *, day_seconds: float, settled: bool) -> int:
+def report(recorder, *, day_seconds: float, settled: bool, logs: list[Path]) -> int:
     """Print the summary block; returns the exit status (0: every goal met)."""
     api = [call for calls in recorder.api.values() for call in calls]
     statuses = Counter(_status_class(status) for status, _ in api)
@@ -88,18 +89,32 @@ def report(recorder, *, day_seconds: float, settled: bool) -> int:
     for line in recorder.violation_lines:
         print(f"  {line}")
 
+    logged = log_errors(logs)
+    print(f"Celery errors logged (workers, beat): {len(logged)}")
+    for line in logged[:5]:
+        print(f"  {line}")
     if recorder.failed_actors:
         print(f"actors that failed (traceback above): {', '.join(recorder.failed_actors)}")
     errors = statuses.get("5xx", 0) + statuses.get("no answer", 0) + other
-    errors += len(recorder.failed_actors)
+    errors += len(recorder.failed_actors) + len(logged)
     met = recorder.violations == 0 and errors == 0 and settled and released and share >= GOAL_SHARE
     print(
-        f"\ngoals (0 violations, no 5xx or unanswered request, >= {GOAL_SHARE:.0%} of deadlines "
-        f"kept within {GOAL_WITHIN_SECONDS:g} s): ",
+        "\ngoals (0 violations, no 5xx, unanswered request or logged error, "
+        f">= {GOAL_SHARE:.0%} of deadlines kept within {GOAL_WITHIN_SECONDS:g} s): ",
         end="",
     )
     print("met" if met else "NOT met")
     return 0 if met else 1
+
+
+def log_errors(logs: list[Path]) -> list[str]:
+    """The ERROR and CRITICAL lines of the Celery processes' logs (they log WARNING and up)."""
+    return [
+        f"{log.stem}: {line.strip()[:200]}"
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if " ERROR" in line or " CRITICAL" in line
+    ]
 
 
 def database_figures() -> dict:
