@@ -53,8 +53,9 @@ def report(recorder, *, day_seconds: float, settled: bool, logs: list[Path]) -> 
     served = recorder.router[200]
     refused = sum(n for status, n in recorder.router.items() if status in (429, 503))
     other = sum(recorder.router.values()) - served - refused
-    print(f"router: {served:,} chat completions served, {refused:,} refused (429/503), ", end="")
-    print(f"{other:,} other")
+    refusals = Counter({str(code): n for code, n in recorder.router.items() if code in (429, 503)})
+    print(f"router: {served:,} chat completions served, {refused:,} refused ", end="")
+    print(f"({_counts(refusals) if refused else '429/503'}), {other:,} other")
 
     figures = database_figures()
     print(
