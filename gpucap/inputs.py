@@ -12,13 +12,19 @@ JSON nested 50,000 deep overflows the parser's recursion.
 import json
 import re
 
-# C0 controls. Tab, line feed and carriage return are text in free text (a description, a
-# cloud-init file); in a name nothing below U+0020 is.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
-_NAME_CONTROL = re.compile(r"[\x00-\x1f]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# The refused characters as regular-expression class ranges, also written into the OpenAPI
+# schema as patterns (``text_pattern``). C0 controls: tab, line feed and carriage return are
+# text in free text (a description, a cloud-init file); in a name nothing below U+0020 is.
+_CONTROL_RANGES = r"\x00-\x08\x0b\x0c\x0e-\x1f"
+_NAME_CONTROL_RANGES = r"\x00-\x1f"
+_SURROGATE_RANGES = r"\ud800-\udfff"
 # The embeddings and overrides (U+202A-U+202E) and the isolates (U+2066-U+2069).
-_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+_BIDI_RANGES = r"\u202a-\u202e\u2066-\u2069"
+
+_CONTROL = re.compile(f"[{_CONTROL_RANGES}]")
+_NAME_CONTROL = re.compile(f"[{_NAME_CONTROL_RANGES}]")
+_SURROGATE = re.compile(f"[{_SURROGATE_RANGES}]")
+_BIDI = re.compile(f"[{_BIDI_RANGES}]")
 
 # The fields that name something (a tenant, pool, node, VM, deployment, key, label) or point
 # at something by its name, in any request body or query: these refuse bidi controls too.
@@ -62,6 +68,15 @@ def text_problem(value: str, *, name: bool = False) -> str | None:
             "which would make the name read as another"
         )
     return None
+
+
+def text_pattern(*, name: bool = False) -> str:
+    """``text_problem`` as a regular expression a string must match to be taken (for the
+    OpenAPI schema, whose patterns are ECMA-262 and read these escapes the same way). Lone
+    surrogates are left out: they are not characters, a pattern that names them is one schema
+    tools fail to read, and only a JSON ``\\u`` escape can carry one."""
+    refused = _NAME_CONTROL_RANGES + _BIDI_RANGES if name else _CONTROL_RANGES
+    return f"^[^{refused}]*$"
 
 
 def is_name_field(path: str) -> bool:

@@ -231,6 +231,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Request bodies are documented as JSON, the one encoding that can carry every documented
+    # shape (null, lists of lists, objects); the form parsers stay for the browsable API.
+    "PARSER_WHITELIST": ["gpucap.api.parsers.JSONParser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gpucap.api.schema.postprocess_schema",
+    ],
     # Two answers have a ``status`` of their own choices: a plan's keeps the name it had.
     "ENUM_NAME_OVERRIDES": {
         "StatusEnum": "gpucap.plans.models.Plan.Status",

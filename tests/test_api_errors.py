@@ -176,3 +176,51 @@ def test_a_form_body_over_the_upload_limit_is_a_json_413(settings, operator_api,
     response = operator_api.post("/api/clusters/", {"name": "x" * 5000, "driver": "simulated"})
     error = assert_error(response, 413, "too_large")
     assert "over 1000 bytes" in error["message"]
+
+
+# --- what schemathesis found (tests/test_api_fuzz.py) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "/api/api-keys/?revoked=null",
+        "/api/api-keys/?all_deployments=yes",
+        "/api/nodes/?standalone=1",
+        "/api/pools/?standalone=",
+        "/api/images/?enabled=null",
+        "/api/notices/?open=True",
+    ],
+)
+def test_a_yes_no_filter_takes_true_or_false_and_nothing_else(operator_api, fleet_east, query):
+    """Read as "unknown", these dropped the filter: every row came back, as if filtered."""
+    name = query.split("?")[1].split("=")[0]
+    error = assert_error(operator_api.get(query), 400, "invalid")
+    assert set(error["fields"]) == {name}
+    assert "is not true or false" in error["fields"][name][0]
+
+
+def test_a_yes_no_filter_still_filters(operator_api, fleet_east):
+    response = operator_api.get("/api/nodes/?standalone=true")
+    assert [node["hostname"] for node in response.json()["results"]] == ["a100-001"]
+
+
+def test_a_json_value_of_the_wrong_type_is_refused_not_converted(operator_api, db):
+    """DRF took ``"name": 0`` as the name "0": a client's mistake passed as something else."""
+    body = {"name": 0, "driver": "simulated"}
+    error = assert_error(operator_api.post("/api/clusters/", body, format="json"), 400, "invalid")
+    assert error["fields"] == {"name": ["must be text, not 0"]}
+
+
+def test_a_number_sent_as_text_is_refused_in_json(member_api, fleet_east):
+    pool = fleet_east["pools"]["h100-spot"]
+    body = {"tenant": "acme", "pool": pool.pk, "name": "x", "gpu_count": "1"}
+    error = assert_error(member_api.post("/api/vms/", body, format="json"), 400, "invalid")
+    assert error["fields"]["gpu_count"] == ['must be a whole number, not "1"']
+
+
+def test_the_token_endpoint_refuses_a_control_character_naming_the_field(anonymous_api, db):
+    """It read its body with DRF's own parsers, which skip gpucap's text checks."""
+    body = {"username": "olivia\x00", "password": "x"}
+    error = assert_error(anonymous_api.post("/api/token/", body, format="json"), 400, "invalid")
+    assert set(error["fields"]) == {"username"}

@@ -1,8 +1,10 @@
 """The base pieces every app's `api.py` builds on: input serializers that refuse what they do
 not know, viewsets whose writes go through services, and the shape of an operator command."""
 
+import json
 from collections.abc import Mapping
 
+from django.http import QueryDict
 from rest_framework import serializers
 from rest_framework.views import APIView
 
@@ -12,7 +14,9 @@ from gpucap.api.schema import AutoSchema
 
 class InputSerializer(serializers.Serializer):
     """Checks a request's shape. Fields a request may not set are refused by name rather than
-    silently ignored, so a client never believes it changed something it did not."""
+    silently ignored, so a client never believes it changed something it did not. In a JSON
+    body every value has the JSON type the schema documents: DRF would read ``"name": 0`` as
+    "0" and ``"gpu_count": "2"`` as 2, so a client's mistake would pass as something else."""
 
     hints: dict[str, str] = {}
 
@@ -23,7 +27,54 @@ class InputSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     {key: [self.hints.get(key, "cannot be set by this request")] for key in unknown}
                 )
+            # A form or a query (a QueryDict) carries only text; JSON carries types.
+            if not isinstance(data, QueryDict):
+                wrong = {}
+                for key, value in data.items():
+                    if problem := json_type_problem(self.fields[key], value):
+                        at, reason = problem
+                        wrong[f"{key}{at}"] = [reason]
+                if wrong:
+                    raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+
+# The JSON types a field takes in a JSON body, most specific first (a BooleanField is no
+# IntegerField, but Python's True is an int).
+_JSON_TYPES = (
+    (serializers.BooleanField, (bool,), "true or false"),
+    (serializers.IntegerField, (int,), "a whole number"),
+    (serializers.PrimaryKeyRelatedField, (int,), "an id (a whole number)"),
+    (serializers.FloatField, (int, float), "a number"),
+    (serializers.CharField, (str,), "text"),
+)
+
+
+def json_type_problem(field: serializers.Field, value) -> tuple[str, str] | None:
+    """Where (``""``, ``[2]``, ``.rack``) and why ``value``, not of the JSON type ``field``
+    documents, would still be taken by DRF, converted (looking into lists and objects of
+    them), or None. ``null`` is the field's own business (``allow_null``)."""
+    if value is None:
+        return None
+    if isinstance(field, (serializers.ListField, serializers.DictField)):
+        items = enumerate(value) if isinstance(value, list) else None
+        if isinstance(value, dict) and isinstance(field, serializers.DictField):
+            items = ((f".{key}", item) for key, item in value.items())
+        for at, item in items or ():
+            if problem := json_type_problem(field.child, item):
+                where = f"[{at}]" if isinstance(at, int) else at
+                return f"{where}{problem[0]}", problem[1]
+        return None
+    for kind, types, words in _JSON_TYPES:
+        if isinstance(field, kind):
+            if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+                return None
+            try:
+                field.to_internal_value(value)
+            except serializers.ValidationError:
+                return None  # refused anyway, in DRF's words
+            return "", f"must be {words}, not {json.dumps(value)[:40]}"
+    return None
 
 
 def choice_field(choices, **kwargs) -> serializers.ChoiceField:

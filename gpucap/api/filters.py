@@ -1,7 +1,8 @@
 """Filters every list endpoint shares.
 
 Foreign keys filter by id with plain number filters: a tenant member filtering pools by a
-cluster must not learn from a "no such cluster" error which cluster ids exist.
+cluster must not learn from a "no such cluster" error which cluster ids exist. A value a
+filter cannot read is a 400 naming the parameter, never a filter silently left out.
 """
 
 import django_filters
@@ -24,3 +25,25 @@ class IdFilter(django_filters.NumberFilter):
         kwargs.setdefault("min_value", 1)
         kwargs.setdefault("max_value", MAX_ID)
         super().__init__(*args, **kwargs)
+
+
+class _TrueOrFalse(forms.Field):
+    """``true`` or ``false``, as the schema's booleans are written in a query; absent is no
+    filter. Django's NullBooleanField read anything else (``null``, ``yes``, a typo) as
+    "unknown" and the filter was silently dropped: the client got every row and believed it
+    had filtered."""
+
+    widget = forms.TextInput
+
+    def to_python(self, value):
+        if value is None:
+            return None
+        if value in ("true", "false"):
+            return value == "true"
+        raise forms.ValidationError(f"{str(value)[:40]!r} is not true or false")
+
+
+class BooleanFilter(django_filters.BooleanFilter):
+    """A yes/no filter: ``true`` or ``false``, or a 400 naming the parameter."""
+
+    field_class = _TrueOrFalse

@@ -1,9 +1,9 @@
 """django-filter FilterSets for the fleet API's list endpoints; foreign keys filter by
-id with the API's ``IdFilter``."""
+id with the API's ``IdFilter``, yes/no questions with its strict ``BooleanFilter``."""
 
 import django_filters
 
-from gpucap.api.filters import IdFilter
+from gpucap.api.filters import BooleanFilter, IdFilter
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 
 
@@ -16,7 +16,7 @@ class ClusterFilter(django_filters.FilterSet):
 class NodeFilter(django_filters.FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
     capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
-    standalone = django_filters.BooleanFilter(
+    standalone = BooleanFilter(
         field_name="capacity_set", lookup_expr="isnull", label="In no capacity set"
     )
 
@@ -49,7 +49,7 @@ class CapacitySetFilter(django_filters.FilterSet):
 class PoolFilter(django_filters.FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
     capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
-    standalone = django_filters.BooleanFilter(
+    standalone = BooleanFilter(
         field_name="capacity_set", lookup_expr="isnull", label="In no capacity set"
     )
 
@@ -60,8 +60,9 @@ class PoolFilter(django_filters.FilterSet):
 
 class ImageFilter(django_filters.FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
+    enabled = BooleanFilter(label="Offered to tenants")
     pool = IdFilter(field_name="cluster__pools", label="Pool id: the images of its cluster")
 
     class Meta:
         model = Image
-        fields = {"name": ["exact"], "enabled": ["exact"]}
+        fields = {"name": ["exact"]}

@@ -4,7 +4,7 @@ the tenant exists."""
 
 import django_filters
 
-from gpucap.api.filters import IdFilter
+from gpucap.api.filters import BooleanFilter, IdFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment
 
 
@@ -20,12 +20,12 @@ class InferenceDeploymentFilter(django_filters.FilterSet):
 class ApiKeyFilter(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
     deployment = IdFilter(field_name="deployment_id", label="Deployment id")
-    all_deployments = django_filters.BooleanFilter(
+    all_deployments = BooleanFilter(
         field_name="deployment",
         lookup_expr="isnull",
         label="Keys that open every deployment of their tenant",
     )
-    revoked = django_filters.BooleanFilter(
+    revoked = BooleanFilter(
         field_name="revoked_at", lookup_expr="isnull", exclude=True, label="Revoked"
     )
 

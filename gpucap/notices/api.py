@@ -14,7 +14,7 @@ from rest_framework import serializers, viewsets
 from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, OperatorCommand
-from gpucap.api.filters import IdFilter
+from gpucap.api.filters import BooleanFilter, IdFilter
 from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains, selectors
@@ -41,6 +41,13 @@ class NoticeSerializer(serializers.ModelSerializer):
         help_text="The operator who issued it; null for the arbiter and the system.",
     )
     is_open = serializers.BooleanField(read_only=True)
+    # Declared so that "" (still open) is documented: a read-only model field loses blank.
+    outcome = serializers.ChoiceField(
+        choices=InterruptionNotice.Outcome.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="How the notice ended; empty while it is open.",
+    )
     message = serializers.SerializerMethodField(
         help_text="Why, in words. Operators read the full reason (the arbiter's names the VM "
         "and pool it reclaims for); a tenant's member reads it naming only their own resources."
@@ -87,7 +94,7 @@ class NoticeSerializer(serializers.ModelSerializer):
 
 
 class NoticeFilter(django_filters.FilterSet):
-    open = django_filters.BooleanFilter(
+    open = BooleanFilter(
         field_name="completed_at", lookup_expr="isnull", label="Open (not yet completed)"
     )
     vm = IdFilter(field_name="vm_id", label="VM id")

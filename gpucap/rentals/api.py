@@ -59,6 +59,14 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         help_text="How to log in while the VM runs (e.g. `ssh root@10.200.0.18`); null otherwise."
     )
 
+    # Declared so that "" (not stopping) is documented: a read-only model field loses blank.
+    stop_reason = serializers.ChoiceField(
+        choices=VirtualMachine.StopReason.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="Why the VM is stopping; decides where it goes once stopped. Empty while it "
+        "is not stopping.",
+    )
     waiting = serializers.SerializerMethodField(
         help_text="Why a pending VM waits, null otherwise: `reason` (awaiting_approval, "
         "gpus_being_freed, starting, no_capacity or standalone), `message` in words, and "

@@ -15,8 +15,10 @@ from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
 from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 
+from gpucap.api.base import InputSerializer
 from gpucap.api.schema import AutoSchema
 from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
 from gpucap.tenancy import password_attempts, selectors, services
@@ -47,7 +49,9 @@ class MemberSerializer(serializers.ModelSerializer):
     username = serializers.CharField(source="user.username", read_only=True)
     email = serializers.EmailField(source="user.email", read_only=True)
     joined_at = serializers.DateTimeField(source="created_at", read_only=True)
-    last_login = serializers.DateTimeField(source="user.last_login", read_only=True)
+    last_login = serializers.DateTimeField(
+        source="user.last_login", read_only=True, allow_null=True, help_text="Null: never."
+    )
 
     class Meta:
         model = Membership
@@ -55,12 +59,12 @@ class MemberSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MemberInviteSerializer(serializers.Serializer):
+class MemberInviteSerializer(InputSerializer):
     email = serializers.EmailField()
     role = RoleField(default="member")
 
 
-class MemberRoleSerializer(serializers.Serializer):
+class MemberRoleSerializer(InputSerializer):
     role = RoleField()
 
 
@@ -94,7 +98,10 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         return tenants.filter(pk__in=tenant_ids_for(self.request.user))
 
     @extend_schema(responses=MemberSerializer(many=True), description="The tenant's members.")
-    @action(detail=True, methods=["get"], url_path="members")
+    # Unpaginated and unfiltered (a tenant has few members): the schema says a plain list.
+    @action(
+        detail=True, methods=["get"], url_path="members", pagination_class=None, filter_backends=[]
+    )
     def members(self, request, pk=None):
         tenant = self.get_object()
         members = selectors.tenant_members(tenant=tenant)
@@ -114,7 +121,13 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         "answer is the same whether the address has an account or not. Inviting an address "
         "again replaces its open invitation.",
     )
-    @action(detail=True, methods=["get", "post"], url_path="invitations")
+    @action(
+        detail=True,
+        methods=["get", "post"],
+        url_path="invitations",
+        pagination_class=None,
+        filter_backends=[],
+    )
     def invitations(self, request, pk=None):
         tenant = self.get_object()
         self._require_admin(tenant)
@@ -189,6 +202,8 @@ class ObtainTokenView(ObtainAuthToken):
     authentication_classes = ()
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "token"
+    # The API's own parsers, which refuse control characters (ObtainAuthToken names DRF's).
+    parser_classes = api_settings.DEFAULT_PARSER_CLASSES
     schema = AutoSchema()
 
     @extend_schema(
