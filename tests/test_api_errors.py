@@ -224,3 +224,10 @@ def test_the_token_endpoint_refuses_a_control_character_naming_the_field(anonymo
     body = {"username": "olivia\x00", "password": "x"}
     error = assert_error(anonymous_api.post("/api/token/", body, format="json"), 400, "invalid")
     assert set(error["fields"]) == {"username"}
+
+
+def test_an_invitation_with_a_field_it_does_not_take_is_refused_by_name(member_api, tenant):
+    body = {"email": "nina@acme.example", "role": "member", "admin": True}
+    response = member_api.post(f"/api/tenants/{tenant.pk}/invitations/", body, format="json")
+    error = assert_error(response, 400, "invalid")
+    assert error["fields"] == {"admin": ["cannot be set by this request"]}

@@ -19,6 +19,8 @@ class InputSerializer(serializers.Serializer):
     "0" and ``"gpu_count": "2"`` as 2, so a client's mistake would pass as something else."""
 
     hints: dict[str, str] = {}
+    # Read by gpucap.api.schema: the request shape is documented closed.
+    refuses_unknown_fields = True
 
     def to_internal_value(self, data):
         if isinstance(data, Mapping):

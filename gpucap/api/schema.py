@@ -1,7 +1,8 @@
 """The OpenAPI schema: drf-spectacular's, told what it cannot see in the code, so that what it
 promises is what the API does (tests/test_api_fuzz.py holds the API to it):
 
-- every error answer an operation can give, in the one shape every error has (``AutoSchema``);
+- every error answer an operation can give, in the one shape every error has (``AutoSchema``),
+  and the request shapes that refuse fields they do not know;
 - the characters every request's text refuses (``gpucap.inputs``), as a pattern on every
   string a request carries, so a client knows before it is told 400;
 - an answer that has one of several shapes has exactly one: the shapes are closed.
@@ -41,6 +42,14 @@ class AutoSchema(SpectacularAutoSchema):
             error = OpenApiResponse(ApiErrorSerializer, description=self._ERRORS[code])
             responses.setdefault(str(code), self._get_response_for_code(error, str(code)))
         return responses
+
+    def _map_serializer(self, serializer, direction, bypass_extensions=False):
+        """A request shape whose serializer refuses fields it does not know (``InputSerializer``)
+        says so: ``additionalProperties: false``."""
+        schema = super()._map_serializer(serializer, direction, bypass_extensions)
+        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False
+        return schema
 
     def _error_codes(self) -> list[int]:
         writes = self.method in ("POST", "PUT", "PATCH", "DELETE")
