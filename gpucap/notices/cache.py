@@ -2,8 +2,9 @@
 
 One key per VM address: ``gpucap:imds:ip:<address>`` -> JSON ``{"vm": "vm-42", "ip": address,
 "key": the tenant's SSH public key, "user": the image's login user, "user_data": the tenant's
-user-data (left out when empty), "notice": null | {"reason", "issued_at", "deadline"}}`` (times
-as UTC ISO-8601 with ``Z``). A document written before a field existed lacks it, and the
+user-data (left out when empty), "notice": null | {"reason", "issued_at", "deadline"},
+"at_risk_since": null | when a proposed plan first named the VM as a victim}`` (times as UTC
+ISO-8601 with ``Z``). A document written before a field existed lacks it, and the
 endpoint answers 404 for what it would serve until the next publish or resync. A VM is served
 from placement (provisioning, once it has an address: cloud-init reads while it boots) until
 it lets go of its GPUs. The endpoint reads
@@ -49,6 +50,8 @@ def metadata_document(vm, notice) -> dict:
             "issued_at": utc_z(notice.issued_at),
             "deadline": utc_z(notice.deadline),
         },
+        # gpucap.plans.at_risk keeps it, and has the document republished when it changes.
+        "at_risk_since": None if vm.at_risk_since is None else utc_z(vm.at_risk_since),
     }
     if vm.user_data:
         document["user_data"] = vm.user_data

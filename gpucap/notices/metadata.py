@@ -1,5 +1,7 @@
 """The instance metadata endpoint: guests read their own interruption notice over HTTP, in the
-wire formats of EC2 (IMDSv2), GCP and Azure, plus a native one (DESIGN.md section 5).
+wire formats of EC2 (IMDSv2), GCP and Azure, plus a native one (DESIGN.md section 5), and,
+ahead of it, whether a proposed plan would reclaim them ("at risk": EC2's rebalance
+recommendation, a GCP attribute, a native path).
 
 Every guest polls it every few seconds, so it is a raw ASGI app mounted in front of Django
 (``metadata_front`` in gpucap/asgi.py): one Redis GET per request (the document
@@ -273,6 +275,14 @@ def _termination_time(document) -> str | None:
     return None if notice is None else notice["deadline"]
 
 
+def _rebalance(document) -> str | None:
+    """EC2's rebalance recommendation: present (``{"noticeTime": ...}``) while a proposed plan
+    would reclaim the VM, 404 otherwise, as before AWS emits one. The interruption notice stays
+    where it was (``spot/instance-action``)."""
+    since = document.get("at_risk_since")
+    return None if since is None else json.dumps({"noticeTime": since}, separators=(",", ":"))
+
+
 # --- GCP -----------------------------------------------------------------------------------------
 
 
@@ -339,6 +349,12 @@ def _gcp_ssh_keys(document) -> str | None:
     agent and by OS Login-less images."""
     key, user = document.get("key"), document.get("user")
     return f"{user}:{key}\n" if key and user else None
+
+
+def _gcp_at_risk(document) -> str | None:
+    """The ``gpucap-at-risk`` attribute: when a proposed plan first named the VM as a victim;
+    absent (404, as GCP answers for an attribute that is not set) while none names it."""
+    return document.get("at_risk_since")
 
 
 def _preempted(document) -> str:
@@ -453,6 +469,17 @@ async def native_interruption(request, address, send) -> None:
     await _json(send, 200, {**notice, "seconds_left": seconds_left})
 
 
+async def native_at_risk(request, address, send) -> None:
+    """``{"at_risk": bool, "since": time or null}``: whether a proposed plan would reclaim the
+    VM, ahead of any notice."""
+    document = await _document(address)
+    if document is None:
+        await _json(send, 404, {"error": "no VM at this address"})
+        return
+    since = document.get("at_risk_since")
+    await _json(send, 200, {"at_risk": since is not None, "since": since})
+
+
 async def native_ack(request, address, send) -> None:
     await request.body()
     document = await _document(address)
@@ -561,11 +588,14 @@ _ROUTES = {
     "/latest/meta-data/public-keys/0/openssh-key": {"GET": _ec2(_public_key)},
     "/latest/meta-data/spot/instance-action": {"GET": _ec2(_instance_action)},
     "/latest/meta-data/spot/termination-time": {"GET": _ec2(_termination_time)},
+    "/latest/meta-data/events/recommendations/rebalance": {"GET": _ec2(_rebalance)},
     "/latest/user-data": {"GET": _ec2(_user_data)},
     "/computeMetadata/v1/instance/preempted": {"GET": gcp_preempted},
     "/computeMetadata/v1/instance/attributes/user-data": {"GET": _gcp(_user_data)},
     "/computeMetadata/v1/instance/attributes/ssh-keys": {"GET": _gcp(_gcp_ssh_keys)},
+    "/computeMetadata/v1/instance/attributes/gpucap-at-risk": {"GET": _gcp(_gcp_at_risk)},
     "/metadata/scheduledevents": {"GET": azure_events, "POST": azure_start},
     "/metadata/v1/interruption": {"GET": native_interruption},
     "/metadata/v1/interruption/ack": {"POST": native_ack},
+    "/metadata/v1/at-risk": {"GET": native_at_risk},
 }

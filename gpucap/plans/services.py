@@ -21,6 +21,10 @@ How an applied plan acts:
   or marked missed when its VM or GPUs changed meanwhile. Until then its GPUs stay reserved in
   every later snapshot and its VM is no demand of any later plan, so the plan that notified
   the victims is the one plan that records the placement.
+
+Before any of that, the victims of the set's proposed plan are "at risk" (gpucap.plans.at_risk):
+every change of which plan is proposed (made, superseded, applied, refused) has
+``at_risk_follow`` bring their flags along in the same transaction.
 """
 
 import hashlib
@@ -45,6 +49,7 @@ from gpucap.fleet.models import CapacitySet, Gpu, Pool
 from gpucap.killpoints import kill_point, kill_point_on_commit
 from gpucap.notices import services as notices
 from gpucap.notices.models import InterruptionNotice
+from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot
 from gpucap.plans.triggers import replan_soon
@@ -162,6 +167,7 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         planning_ms=elapsed_ms,
     )
     PlanAction.objects.bulk_create(plan_actions(plan, snap, result))
+    at_risk_follow(capacity_set=capacity_set)
     metrics.shared_count_on_commit(metrics.PLANS_MADE, set=capacity_set.name, mode=plan.mode)
     logger.info(
         "capacity set %s generation %s: plan %s, %s placements, %s preemptions, %s unsatisfied",
@@ -385,6 +391,7 @@ def _apply_or_refuse(plan: Plan, *, actor: Actor) -> bool:
             status=Status.REFUSED, status_message=exc.message
         )
         plan.refresh_from_db()
+        at_risk_follow(capacity_set=plan.capacity_set)
         logger.info("plan %s not applied: %s", plan.pk, exc.message)
         replan_soon(plan.capacity_set_id)
         return False
@@ -432,6 +439,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
     if applied != 1:
         raise Conflict(f"plan {plan.pk} is no longer proposed", code="plan_not_proposed")
     plan.refresh_from_db()
+    at_risk_follow(capacity_set=capacity_set)  # its victims' notices take over
     # Registered before the notices and placements register their tasks, so the test that dies
     # here dies before any of them is sent.
     kill_point_on_commit("plans.apply:committed")

@@ -96,6 +96,13 @@ class VirtualMachine(models.Model):
         "for that VM, and that VM gets no further victims while this one stops.",
     )
     failure_reason = models.TextField(blank=True)
+    at_risk_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the capacity set's proposed plan (dry-run, or awaiting approval) first "
+        "named this VM as a victim, kept while later plans name it again; null when no "
+        "proposed plan names it. Kept by gpucap.plans.at_risk.",
+    )
     requested_at = models.DateTimeField(
         help_text="When the VM (last) asked for capacity: its place in the queue."
     )
@@ -112,6 +119,11 @@ class VirtualMachine(models.Model):
         indexes = [
             models.Index(fields=["state", "pool", "requested_at"]),
             models.Index(fields=["tenant", "state"]),
+            models.Index(
+                fields=["at_risk_since"],
+                condition=Q(at_risk_since__isnull=False),
+                name="vm_at_risk",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

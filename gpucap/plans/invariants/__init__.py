@@ -104,6 +104,12 @@ RULES: tuple[Rule, ...] = (
         applies.placement_waits_for_someone,
     ),
     Rule(
+        "at_risk_matches_plans",
+        "a VM is at risk exactly while its capacity set's proposed plan names it as a victim, "
+        "since no later than that plan",
+        applies.at_risk_matches_plans,
+    ),
+    Rule(
         "hypervisor_agrees",
         "the hypervisor (the cluster's driver) runs every VM the database says holds GPUs",
         outside.hypervisor_agrees,

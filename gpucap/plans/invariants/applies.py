@@ -1,5 +1,6 @@
-"""Rules about applied plans: each applied once, none breaking a floor, and every placement
-that waits for its victims has someone to wait for."""
+"""Rules about plans: each applied plan applied once, none breaking a floor, every placement
+that waits for its victims has someone to wait for, and the VMs at risk are the proposed plans'
+victims."""
 
 from gpucap.plans.invariants.base import Audit, Violation, at, rows, seconds
 
@@ -123,3 +124,44 @@ def placement_waits_for_someone(audit: Audit) -> list[Violation]:
         )
         for row in found
     ]
+
+
+def at_risk_matches_plans(audit: Audit) -> list[Violation]:
+    """A VM is at risk exactly while its set's proposed plan names it as a victim, and since no
+    later than that plan was made (an earlier proposal may have named it first)."""
+    found = rows(
+        """
+        WITH named AS (
+            SELECT a.vm_id, p.id AS plan, p.created_at AS plan_made
+            FROM {plan_action} a JOIN {plan} p ON p.id = a.plan_id
+            WHERE p.status = 'proposed' AND a.kind = 'preemption'
+        )
+        SELECT v.id AS vm, v.at_risk_since, n.plan, n.plan_made
+        FROM {vm} v LEFT JOIN named n ON n.vm_id = v.id
+        WHERE (v.at_risk_since IS NOT NULL OR n.vm_id IS NOT NULL)
+          AND (v.at_risk_since IS NULL OR n.vm_id IS NULL OR v.at_risk_since > n.plan_made)
+        ORDER BY v.id
+        LIMIT %(limit)s
+        """,
+        limit=audit.limit,
+    )
+    return [
+        Violation(
+            rule="at_risk_matches_plans",
+            subject=f"vm-{row['vm']}",
+            why=_at_risk_words(row),
+            rows=row,
+        )
+        for row in found
+    ]
+
+
+def _at_risk_words(row: dict) -> str:
+    if row["plan"] is None:
+        return f"it is at risk since {at(row['at_risk_since'])}, but no proposed plan names it"
+    if row["at_risk_since"] is None:
+        return f"proposed plan {row['plan']} names it as a victim, but it is not at risk"
+    return (
+        f"it is at risk since {at(row['at_risk_since'])}, later than proposed plan "
+        f"{row['plan']} that names it was made ({at(row['plan_made'])})"
+    )
