@@ -72,6 +72,17 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         "gpus_being_freed, starting, no_capacity or standalone), `message` in words, and "
         "`starts_by`, when it should start at the latest (only while GPUs are being freed)."
     )
+    at_risk = serializers.SerializerMethodField(
+        help_text="Whether the capacity set's proposed plan (dry-run, or awaiting approval) "
+        "would reclaim this VM: an early signal, before any interruption notice. Guests read "
+        "the same from the metadata endpoint (EC2's rebalance recommendation)."
+    )
+    at_risk_since = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When a proposed plan first named this VM as a victim (kept while later "
+        "plans name it again); null when none does.",
+    )
 
     class Meta:
         model = VirtualMachine
@@ -97,6 +108,8 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "ip_address",
             "ssh_command",
             "waiting",
+            "at_risk",
+            "at_risk_since",
             "requested_at",
             "started_at",
             "stopped_at",
@@ -115,6 +128,10 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         if found is None:
             found = waiting.waiting_for([vm])
         return found.get(vm.pk)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_at_risk(self, vm: VirtualMachine) -> bool:
+        return vm.at_risk_since is not None
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_ssh_command(self, vm: VirtualMachine) -> str | None:

@@ -1,5 +1,10 @@
 """At risk (issue #17): a VM named as a victim by its set's proposed plan is flagged, since the
-first plan that named it, until a plan no longer names it."""
+first plan that named it, until a plan no longer names it; the tenant sees it on the VM page,
+the VM list and the API, and never sees another tenant's."""
+
+from datetime import datetime, timedelta
+
+from django.urls import reverse
 
 from gpucap.fleet import services as fleet
 from gpucap.notices.models import InterruptionNotice
@@ -9,6 +14,9 @@ from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from tests.plans.test_invariants import audit, broken
 from tests.plans.test_services import tick, victims_of
+from tests.plans.test_tenant_words import _text
+
+WORDS = "a proposed plan would reclaim this VM; no notice yet"
 
 
 def at_risk() -> dict[str, object]:
@@ -96,6 +104,71 @@ def test_an_enforcing_set_never_shows_at_risk(h100, full_set, on_demand_request,
 
     assert plan.status == Plan.Status.APPLIED
     assert at_risk() == {}
+
+
+# --- what the tenant sees -------------------------------------------------------------------------
+
+
+def test_the_vm_page_and_list_show_at_risk_in_words_for_the_tenant(
+    h100, full_set, on_demand_request, member_client, tenant
+):
+    train = on_demand_request()
+    plan = tick(h100)
+    victim = plan.actions.filter(kind="preemption").first().vm
+    spared = next(vm for vm in full_set if vm.instance_id not in victims_of(plan))
+    since = f"At risk since {plan.created_at:%H:%M} — {WORDS}"
+
+    page = _text(member_client.get(reverse("rentals:vm-detail", args=[victim.pk])))
+    calm = _text(member_client.get(reverse("rentals:vm-detail", args=[spared.pk])))
+    listing = _text(member_client.get(reverse("rentals:tenant-vms", args=[tenant.slug])))
+    portal = _text(member_client.get(reverse("tenant-detail", kwargs={"slug": tenant.slug})))
+
+    assert since in " ".join(page.split())
+    assert "At risk" not in calm
+    assert listing.count(since) == len(victims_of(plan))
+    assert portal.count(since) == len(victims_of(plan))
+    # Tenant-safe words: nothing of the other tenant whose demand would take the GPUs.
+    for text in (page, listing, portal):
+        assert train.instance_id not in text and train.name not in text
+        assert "globex" not in text.lower() and "h100-ondemand" not in text
+
+
+def test_another_tenant_never_sees_an_at_risk_vm(
+    h100, full_set, on_demand_request, other_member_client, other_tenant
+):
+    on_demand_request()
+    plan = tick(h100)
+    victim = plan.actions.filter(kind="preemption").first().vm
+
+    page = other_member_client.get(reverse("rentals:vm-detail", args=[victim.pk]))
+    listing = _text(
+        other_member_client.get(reverse("rentals:tenant-vms", args=[other_tenant.slug]))
+    )
+
+    assert page.status_code == 404
+    assert "At risk" not in listing and victim.name not in listing
+
+
+def test_the_api_exposes_at_risk_to_the_owner_only(
+    h100, full_set, on_demand_request, member_api, other_member_api
+):
+    on_demand_request()
+    plan = tick(h100)
+    victim = plan.actions.filter(kind="preemption").first().vm
+    spared = next(vm for vm in full_set if vm.instance_id not in victims_of(plan))
+
+    mine = member_api.get(f"/api/vms/{victim.pk}/").json()
+    calm = member_api.get(f"/api/vms/{spared.pk}/").json()
+    theirs = other_member_api.get(f"/api/vms/{victim.pk}/")
+    listed = other_member_api.get("/api/vms/").json()
+
+    assert mine["at_risk"] is True
+    assert abs(datetime.fromisoformat(mine["at_risk_since"]) - plan.created_at) < timedelta(
+        seconds=1
+    )
+    assert (calm["at_risk"], calm["at_risk_since"]) == (False, None)
+    assert theirs.status_code == 404
+    assert not any(vm["at_risk"] for vm in listed["results"])
 
 
 def test_the_audit_names_an_at_risk_flag_that_disagrees_with_the_plans(
