@@ -231,3 +231,25 @@ def test_an_invitation_with_a_field_it_does_not_take_is_refused_by_name(member_a
     response = member_api.post(f"/api/tenants/{tenant.pk}/invitations/", body, format="json")
     error = assert_error(response, 400, "invalid")
     assert error["fields"] == {"admin": ["cannot be set by this request"]}
+
+
+@pytest.mark.parametrize("floor", [562_271_894_506_018, -(2**40)])
+@pytest.mark.parametrize("pool_name", ["h100-spot", "a100-standalone"])
+def test_a_whole_number_beyond_the_databases_integer_is_a_400_naming_the_field(
+    operator_api, fleet_east, pool_name, floor
+):
+    """schemathesis sent a floor of 562271894506018: PostgreSQL refused it ("integer out of
+    range") and the API answered 500. Every integer of a request is bounded, and the schema
+    says so."""
+    pool = fleet_east["pools"][pool_name]
+    response = operator_api.post(f"/api/pools/{pool.pk}/floor/", {"floor_gpus": floor}, "json")
+    error = assert_error(response, 400, "invalid")
+    assert list(error["fields"]) == ["floor_gpus"]
+    pool.refresh_from_db()
+    assert pool.floor_gpus == 0
+
+
+def test_the_schema_documents_the_bounds_of_a_requests_integers(operator_api, db):
+    schema = operator_api.get("/api/schema/", {"format": "json"}).json()
+    floor = schema["components"]["schemas"]["PoolFloorRequest"]["properties"]["floor_gpus"]
+    assert floor["maximum"] == 2**31 - 1

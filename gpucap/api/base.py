@@ -4,6 +4,7 @@ not know, viewsets whose writes go through services, and the shape of an operato
 import json
 from collections.abc import Mapping
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.http import QueryDict
 from rest_framework import serializers
 from rest_framework.views import APIView
@@ -22,6 +23,12 @@ class InputSerializer(serializers.Serializer):
     # Read by gpucap.api.schema: the request shape is documented closed.
     refuses_unknown_fields = True
 
+    def get_fields(self):
+        fields = super().get_fields()
+        for field in fields.values():
+            integers_bounded(field)
+        return fields
+
     def to_internal_value(self, data):
         if isinstance(data, Mapping):
             unknown = [key for key in data if key not in self.fields]
@@ -39,6 +46,29 @@ class InputSerializer(serializers.Serializer):
                 if wrong:
                     raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+
+# The widest whole number a request may carry where its field sets no tighter bound: PostgreSQL's
+# integer, what floors, counts, sizes and seconds are stored in. A larger one would reach the
+# database and fail there (a 500); here it is a 400 naming the field, and the schema says so.
+INTEGER_MAX = 2**31 - 1
+
+
+def integers_bounded(field: serializers.Field) -> None:
+    """Give an integer field (or the integers inside a list or object field) the bounds of
+    PostgreSQL's integer unless it has its own."""
+    if isinstance(field, (serializers.ListField, serializers.DictField)):
+        integers_bounded(field.child)
+    if not isinstance(field, serializers.IntegerField) or field.read_only:
+        return
+    if field.max_value is None:
+        field.max_value = INTEGER_MAX
+        message = field.error_messages["max_value"].format(max_value=INTEGER_MAX)
+        field.validators.append(MaxValueValidator(INTEGER_MAX, message=message))
+    if field.min_value is None:
+        field.min_value = -INTEGER_MAX - 1
+        message = field.error_messages["min_value"].format(min_value=-INTEGER_MAX - 1)
+        field.validators.append(MinValueValidator(-INTEGER_MAX - 1, message=message))
 
 
 # The JSON types a field takes in a JSON body, most specific first (a BooleanField is no
