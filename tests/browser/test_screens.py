@@ -63,12 +63,21 @@ def test_the_first_pages_at_a_desk_and_on_a_phone(
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         screenshot(page, f"screen-set-approved-{width}")
 
+        page.goto("/vms/")
+        expect(page.locator("h1")).to_have_text("VMs")
+        # The table of every tenant's VMs scrolls inside itself; the page stays the screen's width.
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        screenshot(page, f"screen-vms-{width}")
+
         page.goto("/fleet/nodes/east/h100-001/")
         expect(page.locator("h1")).to_have_text("h100-001")
         screenshot(page, f"screen-node-{width}")
 
         page.goto("/api/docs/")
-        expect(page.locator(".swagger-ui .title").first).to_contain_text("gpucap API")
+        # Swagger UI renders the whole schema first: seconds on a loaded machine.
+        expect(page.locator(".swagger-ui .title").first).to_contain_text(
+            "gpucap API", timeout=60_000
+        )
         screenshot(page, f"screen-api-docs-{width}")
 
         context.clear_cookies()
