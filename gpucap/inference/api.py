@@ -160,6 +160,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "replica_concurrency",
             "queue_limit",
             "scale_down_cooldown_seconds",
+            "cold_start_timeout_seconds",
             "replicas",
             "ready_replicas",
             "queued",
@@ -282,6 +283,8 @@ _SETTINGS_HELP = {
     "more wait in the router's queue.",
     "queue_limit": "Requests that may wait for a replica; beyond it the router answers 429.",
     "scale_down_cooldown_seconds": "How long fewer replicas must do before one is removed.",
+    "cold_start_timeout_seconds": "How long a request waits for a replica to start when none is "
+    "ready (1-3600 s); past it the router answers 503 with Retry-After.",
 }
 
 
@@ -355,6 +358,7 @@ class DeploymentCreateSerializer(TenantScopedInput):
     replica_concurrency = _setting("replica_concurrency")
     queue_limit = _setting("queue_limit")
     scale_down_cooldown_seconds = _setting("scale_down_cooldown_seconds")
+    cold_start_timeout_seconds = _setting("cold_start_timeout_seconds")
 
     def scope(self, user) -> None:
         super().scope(user)
@@ -377,6 +381,7 @@ class DeploymentUpdateSerializer(InputSerializer):
     replica_concurrency = _setting("replica_concurrency")
     queue_limit = _setting("queue_limit")
     scale_down_cooldown_seconds = _setting("scale_down_cooldown_seconds")
+    cold_start_timeout_seconds = _setting("cold_start_timeout_seconds")
 
 
 class ApiKeyCreateSerializer(TenantScopedInput):

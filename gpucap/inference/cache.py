@@ -3,7 +3,8 @@ documents are, gpucap/notices/cache.py): the router answers from Redis alone, ne
 
 - ``gpucap:inference:route:<slug>`` -> JSON route document of a deployment:
   ``{"deployment": id, "slug", "model", "tenant", "created": epoch seconds,
-  "replica_concurrency", "queue_limit", "replicas": [{"id": "vm-42", "url": "http://..."}]}``.
+  "replica_concurrency", "queue_limit", "cold_start_timeout": seconds, "replicas": [{"id":
+  "vm-42", "url": "http://..."}]}``.
   Only ready replicas are listed: running, with an endpoint, and answering their readiness probe
   (gpucap/inference/probe.py). A replica under notice, stopping, booting, or whose model server
   is not up (yet, or any more) gets no request. ``created`` is what ``/v1/models`` reports.
@@ -70,6 +71,11 @@ def failing_key(slug: str) -> str:
     return f"{PREFIX}failing:{slug}"
 
 
+def wake_key(slug: str) -> str:
+    """Held a moment by the router process that woke the deployment (at zero replicas)."""
+    return f"{PREFIX}wake:{slug}"
+
+
 def used_key(prefix: str) -> str:
     return f"{PREFIX}used:{prefix}"
 
@@ -94,6 +100,7 @@ def route_document(deployment, replicas) -> dict:
         "created": int(deployment.created_at.timestamp()),
         "replica_concurrency": deployment.replica_concurrency,
         "queue_limit": deployment.queue_limit,
+        "cold_start_timeout": deployment.cold_start_timeout_seconds,
         "replicas": [
             {"id": vm.instance_id, "url": vm.endpoint_url}
             for vm in sorted(replicas, key=lambda vm: vm.pk)

@@ -40,6 +40,12 @@ class DeploymentSettingsForm(ServiceErrorsMixin, forms.Form):
         "Scale-down cool-down (s)",
         "How long fewer replicas must do before one is stopped.",
     )
+    cold_start_timeout_seconds = _count(
+        "cold_start_timeout_seconds",
+        "Cold-start timeout (s)",
+        "How long a request waits for a replica to start when none is ready.",
+        minimum=1,
+    )
 
     SETTINGS = (
         "min_replicas",
@@ -48,6 +54,7 @@ class DeploymentSettingsForm(ServiceErrorsMixin, forms.Form):
         "replica_concurrency",
         "queue_limit",
         "scale_down_cooldown_seconds",
+        "cold_start_timeout_seconds",
     )
 
     def changes(self, deployment: InferenceDeployment) -> dict[str, int]:

@@ -49,6 +49,11 @@ class InferenceDeployment(models.Model):
         default=64, help_text="Requests that may wait for a replica; beyond it the router says 429."
     )
     scale_down_cooldown_seconds = models.PositiveIntegerField(default=300)
+    cold_start_timeout_seconds = models.PositiveIntegerField(
+        default=300,
+        help_text="How long a request waits for a replica to start when none is ready (at zero "
+        "replicas); past it the router answers 503 with Retry-After.",
+    )
     # The autoscaler's memory: since when fewer replicas would do (None: not so now).
     scale_down_since = models.DateTimeField(null=True, blank=True)
     last_scaled_at = models.DateTimeField(null=True, blank=True)
@@ -83,6 +88,19 @@ class InferenceDeployment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.slug} ({self.model_name})"
+
+    @property
+    def cold_start_words(self) -> str:
+        """The cold-start timeout as pages say it: "45 s", "5 min", "1 h 30 min"."""
+        return duration_words(self.cold_start_timeout_seconds)
+
+
+def duration_words(seconds: int) -> str:
+    """A whole number of seconds in words: "45 s", "5 min", "2 min 30 s", "1 h 30 min"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(hours, "h"), (minutes, "min"), (seconds, "s")]
+    return " ".join(f"{n} {unit}" for n, unit in parts if n) or "0 s"
 
 
 class ApiKey(models.Model):

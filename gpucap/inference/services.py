@@ -40,6 +40,7 @@ _BOUNDS = {
     "replica_concurrency": (1, 1000),
     "queue_limit": (0, 100_000),
     "scale_down_cooldown_seconds": (0, 86_400),
+    "cold_start_timeout_seconds": (1, 3600),
 }
 _DEFAULTS = {
     "min_replicas": 1,
@@ -48,6 +49,7 @@ _DEFAULTS = {
     "replica_concurrency": 8,
     "queue_limit": 64,
     "scale_down_cooldown_seconds": 300,
+    "cold_start_timeout_seconds": 300,
 }
 
 

@@ -308,6 +308,8 @@ def test_a_member_creates_a_deployment(member_api, member, tenant, inference_poo
             "must be at least target_in_flight (8)",
         ),
         ({"queue_limit": -1}, "queue_limit", "from 0 to 100000"),
+        ({"cold_start_timeout_seconds": 0}, "cold_start_timeout_seconds", "from 1 to 3600"),
+        ({"cold_start_timeout_seconds": "soon"}, "cold_start_timeout_seconds", "valid integer"),
         ({"gpus_per_replica": "two"}, "gpus_per_replica", "valid integer"),
         ({"name": "Has Spaces"}, "name", "lowercase letters, digits or hyphens"),
         ({"model_name": ""}, "model_name", "may not be blank"),
@@ -438,12 +440,13 @@ def test_a_member_changes_the_range_and_replicas_follow_at_once(member_api, depl
     deployment = deploy("chat", min_replicas=1, max_replicas=2)
     response = member_api.patch(
         f"/api/deployments/{deployment.pk}/",
-        {"min_replicas": 3, "max_replicas": 6, "queue_limit": 10},
+        {"min_replicas": 3, "max_replicas": 6, "queue_limit": 10, "cold_start_timeout_seconds": 90},
         format="json",
     )
     assert response.status_code == 200, response.content
     shown = response.json()
     assert (shown["min_replicas"], shown["max_replicas"], shown["queue_limit"]) == (3, 6, 10)
+    assert shown["cold_start_timeout_seconds"] == 90
     assert len(shown["replicas"]) == 3
     deployment.refresh_from_db()
     assert (deployment.min_replicas, deployment.max_replicas) == (3, 6)
@@ -457,6 +460,7 @@ def test_a_member_changes_the_range_and_replicas_follow_at_once(member_api, depl
     [
         ({"min_replicas": 5}, "min_replicas", "must not exceed the maximum of 2 replicas, got 5"),
         ({"max_replicas": 65}, "max_replicas", "from 1 to 64"),
+        ({"cold_start_timeout_seconds": 3601}, "cold_start_timeout_seconds", "from 1 to 3600"),
         ({"replica_concurrency": 1}, "replica_concurrency", "at least target_in_flight (4)"),
         ({"min_replicas": "two"}, "min_replicas", "valid integer"),
         ({"min_replicas": None}, "min_replicas", "may not be null"),

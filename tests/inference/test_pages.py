@@ -67,6 +67,7 @@ def create_form(pool, **overrides) -> dict:
         "replica_concurrency": 8,
         "queue_limit": 64,
         "scale_down_cooldown_seconds": 300,
+        "cold_start_timeout_seconds": 300,
         **overrides,
     }
 
@@ -81,6 +82,7 @@ def settings_form(deployment, **overrides) -> dict:
             "replica_concurrency",
             "queue_limit",
             "scale_down_cooldown_seconds",
+            "cold_start_timeout_seconds",
         )
     } | overrides
 
@@ -316,6 +318,7 @@ def test_creating_without_htmx_goes_to_the_new_deployment(member_client, inferen
         ({"queue_limit": -1}, "queue_limit", "from 0 to 100000, got -1"),
         ({"scale_down_cooldown_seconds": "soon"}, "scale_down_cooldown_seconds", "whole number"),
         ({"scale_down_cooldown_seconds": 90000}, "scale_down_cooldown_seconds", "0 to 86400"),
+        ({"cold_start_timeout_seconds": 0}, "cold_start_timeout_seconds", "1 to 3600, got 0"),
     ],
 )
 def test_a_refused_deployment_names_the_field_and_creates_nothing(
@@ -426,9 +429,17 @@ def test_the_detail_poll_answers_with_only_the_live_part(member_client, deploy, 
 
 def test_a_member_edits_the_range(member_client, member, deploy):
     deployment = deploy(min_replicas=1, max_replicas=2)
+    page = member_client.get(detail_url(deployment)).content.decode()
+    assert "requests wait up to 5 min for a replica to start" in page
     response = member_client.post(
         settings_url(deployment),
-        settings_form(deployment, min_replicas=2, max_replicas=5, queue_limit=10),
+        settings_form(
+            deployment,
+            min_replicas=2,
+            max_replicas=5,
+            queue_limit=10,
+            cold_start_timeout_seconds=90,
+        ),
         headers=HTMX,
     )
     assert response.status_code == 200
@@ -441,6 +452,9 @@ def test_a_member_edits_the_range(member_client, member, deploy):
     assert (deployment.min_replicas, deployment.max_replicas, deployment.queue_limit) == (2, 5, 10)
     # Raising the minimum asks for the missing replica at once.
     assert deployment.replicas.filter(state="pending").count() == 2
+    assert deployment.cold_start_timeout_seconds == 90
+    page = member_client.get(detail_url(deployment)).content.decode()
+    assert "requests wait up to 1 min 30 s for a replica to start" in page
 
 
 @pytest.mark.parametrize(
