@@ -15,6 +15,11 @@ arbiter, which places the whole group or none (in ``dry_run`` they show in the p
 waiting for Approve) and never preempts a deployment below ``min_replicas``. Scaling down
 terminates replicas in both: pending ones first, then the most recently started.
 
+A request to a deployment with no replica ready (at zero replicas) waits in the router's queue,
+so it counts as load like any other; the router also wakes the deployment (``deployment_wake``,
+task ``inference.wake``, debounced) so its first replica is asked for at once rather than at the
+next periodic run. With ``min_replicas`` 0, the last replica goes after a cool-down of no load.
+
 Each deployment is decided under its row lock (the one `services.replicas_scale` takes), in a
 transaction of its own, so two runs at once cannot both add replicas for the same queue.
 """
@@ -73,6 +78,23 @@ def deployments_autoscale(*, now: datetime | None = None) -> list[Scaling]:
             logger.info("autoscale %s", scaling)
         done.append(scaling)
     return done
+
+
+def deployment_wake(*, slug: str, now: datetime | None = None) -> Scaling | None:
+    """One deployment decided now rather than at the next periodic run: the router asks when
+    requests wait at zero replicas (``inference.wake``), so the first replica is asked for at
+    once. Returns None if there is no such deployment."""
+    deployment_id = InferenceDeployment.objects.filter(slug=slug).values_list("pk", flat=True)
+    deployment_id = deployment_id.first()
+    if deployment_id is None:
+        return None
+    queued, in_flight, _ = cache.load(slug)
+    scaling = deployment_autoscale(
+        deployment_id=deployment_id, signal=queued + in_flight, now=now or timezone.now()
+    )
+    if scaling is not None and scaling.action in (Scaling.UP, Scaling.DOWN):
+        logger.info("autoscale (woken) %s", scaling)
+    return scaling
 
 
 @transaction.atomic

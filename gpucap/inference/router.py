@@ -47,9 +47,11 @@ import time
 from functools import lru_cache
 from urllib.parse import quote
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from gpucap import inputs
+from gpucap.celery import app
 from gpucap.edge.http import BodyTooLarge, ClientGone, answer_or_500, read_body, send_json
 from gpucap.edge.loops import PerLoop
 from gpucap.edge.resync import CLAIM_SECONDS, StoreUnsynced, resync_start
@@ -72,6 +74,10 @@ ATTEMPTS = 3  # replicas tried for one request when connections fail
 FAILING_SECONDS = 5  # a replica whose connection failed is avoided this long
 QUEUE_WAIT_SECONDS = 60  # a queued request gives up after this long (503)
 QUEUE_POLL_SECONDS = (0.002, 0.02)  # a queued request looks for a free slot this often
+COLD_START_SECONDS = 300  # a route document without its own cold-start timeout waits this long
+COLD_START_POLL_SECONDS = 0.2  # a request waiting at zero replicas looks at its route this often
+COLD_START_RETRY_MAX_SECONDS = 30  # the Retry-After of a cold-start timeout, at most
+WAKE_SECONDS = 2  # a deployment at zero replicas is woken at most this often
 RETRY_AFTER_SECONDS = 1
 REQUESTS_TTL_SECONDS = 120  # per-second request counters outlive every window that reads them
 WATCH_AFTER_SECONDS = 0.05  # a request still running after this listens for its client leaving
@@ -294,6 +300,7 @@ class Route:
         self.created = document.get("created", 0)
         self.replica_concurrency = document["replica_concurrency"]
         self.queue_limit = document["queue_limit"]
+        self.cold_start_timeout = document.get("cold_start_timeout", COLD_START_SECONDS)
         self.inflight_key = cache.inflight_key(slug)
         self.queued_key = cache.queued_key(slug)
         self.failing_key = cache.failing_key(slug)
@@ -335,8 +342,10 @@ class Route:
         if second != self._second:
             self._requests_bulk = bulk(cache.requests_key(self.slug, second).encode())
             self._second = second
-        turn = next(_turns) % len(self._rotations)
-        if tried:
+        turn = next(_turns) % max(len(self._rotations), 1)
+        if not self.replicas:  # at zero: a newcomer queues, a waiting request hears "gone"
+            candidates, count = b"", 0
+        elif tried:
             ids = [replica.id for replica in self.replicas]
             ids = ids[turn:] + ids[:turn]
             ids = [i for i in ids if i not in tried] or ids
@@ -411,8 +420,6 @@ async def completion(scope, receive, send, route, rest, prefix, clients) -> int:
     for as long as the client stays."""
     body = await _body(receive)
     _payload_check(body, route, chat=rest == "/v1/chat/completions")
-    if not route.replicas:
-        raise _no_replica(route.slug)
     exchange = _Exchange(scope, receive, send, route, rest, body, clients)
     # The body is read: the next message from the client is its disconnect. A request still
     # running after a moment (queued, or a long answer) listens for it, and stops when it
@@ -527,37 +534,44 @@ class _Exchange:
 
     async def _acquire(self, tried: list[str]) -> Replica:
         """A slot on the least busy replica not tried yet (any, once all were), waiting in the
-        queue for one while every replica is full."""
+        queue for one while every replica is full, or, while none is ready (at zero replicas),
+        for one to start: up to the deployment's cold-start timeout."""
         outcome, value = await self._try(b"new", tried)
         if outcome == b"full":
+            busy = "every replica is busy" if self.route.replicas else "no replica is ready"
             raise Refusal(
                 429,
-                f"The deployment {self.slug} is at capacity: every replica is busy and "
+                f"The deployment {self.slug} is at capacity: {busy} and "
                 f"{value} requests are waiting. Retry after {RETRY_AFTER_SECONDS} s.",
                 kind="rate_limit_error",
                 code="rate_limit_exceeded",
                 headers=_retry_after(),
             )
-        deadline = time.monotonic() + QUEUE_WAIT_SECONDS
+        started, cold = time.monotonic(), False
         pause, most = QUEUE_POLL_SECONDS
         while outcome != b"go":
-            if time.monotonic() > deadline:
-                raise Refusal(
-                    503,
-                    f"The deployment {self.slug} had no free replica for "
-                    f"{QUEUE_WAIT_SECONDS} s; retry shortly.",
-                    kind="server_error",
-                    code="queue_timeout",
-                    headers=_retry_after(),
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, most)
-            outcome, _ = await self._try(b"waiting", tried)
-            if outcome == b"gone":  # its replicas left while it waited: take the new list
+            if not self.route.replicas:
+                # None ready: the queued request is load that wakes a replica; it waits for the
+                # route to list one (a local copy Redis invalidates: no traffic while it waits).
+                cold = True
+                _wake(self.redis, self.slug)
+                limit = self.route.cold_start_timeout
+            else:  # busy replicas; a request that waited for one to start may wait longer
+                limit = max(QUEUE_WAIT_SECONDS, self.route.cold_start_timeout if cold else 0)
+            if time.monotonic() - started > limit:
+                raise self._timeout()
+            if not self.route.replicas:
+                await asyncio.sleep(COLD_START_POLL_SECONDS)
+                outcome = b"gone"
+            else:
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, most)
+                outcome, _ = await self._try(b"waiting", tried)
+            if outcome == b"gone":  # no replica listed (any more): take the route as it is now
                 (route,) = await self.redis.documents(
                     (cache.route_key(self.slug),), (_route_parse,)
                 )
-                if route is None or not route.replicas:
+                if route is None:  # the deployment is gone
                     raise _no_replica(self.slug)
                 self.route = route
         replica = self.route.by_id.get(self.replica)
@@ -567,6 +581,27 @@ class _Exchange:
             if replica is None:
                 raise _no_replica(self.slug)
         return replica
+
+    def _timeout(self) -> Refusal:
+        if self.route.replicas:
+            return Refusal(
+                503,
+                f"The deployment {self.slug} had no free replica for "
+                f"{QUEUE_WAIT_SECONDS} s; retry shortly.",
+                kind="server_error",
+                code="queue_timeout",
+                headers=_retry_after(),
+            )
+        timeout = self.route.cold_start_timeout
+        retry = max(1, min(timeout, COLD_START_RETRY_MAX_SECONDS))
+        return Refusal(
+            503,
+            f"The deployment {self.slug} has no replica ready: none started within its "
+            f"cold-start timeout of {timeout} s. One is on its way; retry after {retry} s.",
+            kind="server_error",
+            code="cold_start_timeout",
+            headers=((b"retry-after", str(retry).encode()),),
+        )
 
     def _try(self, mode: bytes, tried: list[str]) -> asyncio.Future:
         """One run of the acquire script. Its reply is recorded as it arrives, even if the
@@ -681,6 +716,42 @@ class _Exchange:
         _key_used(redis, prefix)
 
 
+# When this process last woke each deployment (monotonic seconds).
+_woken: dict[str, float] = {}
+# The wake-ups being sent from a thread (kept so none is collected before it ran).
+_waking: set[asyncio.Future] = set()
+
+
+def _wake(redis: RedisBatch, slug: str) -> None:
+    """Have the autoscaler look at a deployment with requests waiting and no replica ready,
+    now rather than at its next periodic run: at most once per WAKE_SECONDS per process, and
+    across the fleet only by the process whose claim (``SET NX EX``) won. The periodic run
+    catches up if the message is lost, since the waiting requests count in the queue."""
+    now = time.monotonic()
+    if now - _woken.get(slug, -WAKE_SECONDS) < WAKE_SECONDS:
+        return
+    _woken[slug] = now
+    claim = (b"SET", cache.wake_key(slug), b"1", b"NX", b"EX", b"%d" % WAKE_SECONDS)
+    redis.call(pack(claim), lambda reply: _wake_claimed(reply, slug))
+
+
+def _wake_claimed(reply, slug: str) -> None:
+    if isinstance(reply, Exception):
+        log.error("inference router: %s; %s waits for the periodic autoscaler", reply, slug)
+    elif reply is not None:
+        # Sending a Celery message blocks: in a thread of its own, off the event loop.
+        sending = asyncio.ensure_future(sync_to_async(_wake_send, thread_sensitive=False)(slug))
+        _waking.add(sending)
+        sending.add_done_callback(_waking.discard)
+
+
+def _wake_send(slug: str) -> None:
+    try:
+        app.send_task("inference.wake", args=[slug])
+    except Exception:
+        log.exception("inference router: waking %s failed; the periodic autoscaler will", slug)
+
+
 def _released(reply) -> None:
     if isinstance(reply, Exception):
         log.error("inference router: %s; a slot or queue place stays counted", reply)
@@ -776,8 +847,11 @@ if waiting or queued <= 0 then
     end
   end
   local candidates = {unpack(ARGV, 6)}
-  local counts = redis.call('HMGET', KEYS[1], unpack(candidates))
-  local until_ = redis.call('ZMSCORE', KEYS[5], unpack(candidates))
+  local counts, until_ = {}, {}
+  if #candidates > 0 then
+    counts = redis.call('HMGET', KEYS[1], unpack(candidates))
+    until_ = redis.call('ZMSCORE', KEYS[5], unpack(candidates))
+  end
   for i, id in ipairs(candidates) do
     if listed == nil or listed[id] then
       present = true

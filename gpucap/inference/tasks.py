@@ -3,6 +3,8 @@ at once or to miss once (the next run catches up).
 
 - ``inference.autoscale`` (every ``INFERENCE_AUTOSCALE_SECONDS``): replicas follow the queue
   (`gpucap.inference.autoscaler`);
+- ``inference.wake`` (sent by the router, debounced, when requests wait at zero replicas): the
+  autoscaler decides that deployment at once, so a replica is asked for without waiting;
 - ``inference.probe`` (every ``INFERENCE_PROBE_SECONDS``): each running replica's readiness
   probe; the router sends requests only to replicas whose probe answered
   (`gpucap.inference.probe`);
@@ -24,6 +26,14 @@ def autoscale() -> dict[str, str]:
         for scaling in autoscaler.deployments_autoscale()
         if scaling.action in (autoscaler.Scaling.UP, autoscaler.Scaling.DOWN)
     }
+
+
+@shared_task(name="inference.wake")
+def wake(slug: str) -> str | None:
+    """Sent by the router when requests wait at zero replicas: the autoscaler decides that one
+    deployment now. Returns what it did (for the worker's log)."""
+    scaling = autoscaler.deployment_wake(slug=slug)
+    return None if scaling is None else str(scaling)
 
 
 @shared_task(name="inference.probe")

@@ -168,7 +168,8 @@ def test_a_replica_is_routed_only_while_its_probe_answers(
     server, key, deploy, replica, model_server, settings, django_capture_on_commit_callbacks
 ):
     settings.INFERENCE_PROBE_FAILURES = 3
-    deployment = deploy("chat", min_replicas=1)
+    # With no replica ready a request waits for one up to the cold-start timeout: 1 s here.
+    deployment = deploy("chat", min_replicas=1, cold_start_timeout_seconds=1)
     models = model_server()
     vm = replica(deployment, models.url)
     secret = key(deployment)
@@ -176,7 +177,7 @@ def test_a_replica_is_routed_only_while_its_probe_answers(
 
     # Booted is not up: no probe has answered, so the router sends it nothing.
     refused = chat(server, deployment, secret)
-    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "no_replica_ready")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "cold_start_timeout")
     assert ("POST", "/v1/chat/completions") not in models.seen
 
     # One answered probe makes it ready: the route lists it and the router sends it requests.
@@ -201,14 +202,15 @@ def test_a_replica_is_routed_only_while_its_probe_answers(
         probe_round(django_capture_on_commit_callbacks)
         assert (probe_of(vm).ready, probe_of(vm).consecutive_failures) == (True, failures)
         assert route_ids(deployment) == [vm.instance_id]
-    # ...the third in a row is: the router says no replica is ready, rather than failing.
+    # ...the third in a row is: the router waits for a ready one (then says none is), rather
+    # than failing.
     probe_round(django_capture_on_commit_callbacks)
     assert route_ids(deployment) == []
     dropped = probe_of(vm)
     assert (dropped.ready, dropped.consecutive_failures) == (False, 3)
     assert dropped.last_error == (f"cannot connect to {models.url}/v1/models: connection refused")
     wait_until(
-        lambda: chat(server, deployment, secret).json()["error"]["code"] == "no_replica_ready",
+        lambda: chat(server, deployment, secret).json()["error"]["code"] == "cold_start_timeout",
         what="the router to drop the replica",
     )
 

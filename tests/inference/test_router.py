@@ -414,16 +414,6 @@ def test_unknown_paths_and_methods_get_openai_errors(server, serving, key):
     assert model.status_code == 200 and model.json()["id"] == MODEL
 
 
-def test_a_deployment_with_no_running_replica_answers_503(server, serving, key):
-    deployment = serving(0)
-
-    response = chat(server, deployment, key(deployment))
-
-    assert response.status_code == 503
-    assert response.json()["error"]["code"] == "no_replica_ready"
-    assert response.headers["retry-after"] == "1"
-
-
 # --- choosing a replica ---------------------------------------------------------------------------
 
 
