@@ -17,6 +17,10 @@ that reads Redis only, never the ORM (the documents gpucap.inference.cache keeps
    ``replica_concurrency``, and counts the request in. In-flight and queued counts live in
    Redis, shared by every router process. When every replica is full the request waits in the
    queue, up to ``queue_limit`` waiting; beyond that the answer is 429 with ``Retry-After``.
+   With no replica ready (a deployment at zero replicas, or booting) the request queues the
+   same way, so it counts as load, and wakes the deployment (``_wake``: the autoscaler decides
+   it at once, ``inference.wake``); it waits for the route to list a replica, up to the
+   deployment's cold-start timeout, then a 503 ``cold_start_timeout`` with ``Retry-After``.
    The same script counts the request in this second's requests (a request is counted when it
    is sent to a replica).
 3. The request goes to the replica over a kept-alive HTTP/1.1 connection
@@ -551,10 +555,12 @@ class _Exchange:
         pause, most = QUEUE_POLL_SECONDS
         while outcome != b"go":
             if not self.route.replicas:
-                # None ready: the queued request is load that wakes a replica; it waits for the
-                # route to list one (a local copy Redis invalidates: no traffic while it waits).
-                cold = True
-                _wake(self.redis, self.slug)
+                # None ready: the queued request is load, and wakes the deployment once; it waits
+                # for the route to list a replica (a local copy Redis invalidates: no traffic
+                # while it waits). The periodic autoscaler covers a lost wake-up.
+                if not cold:
+                    cold = True
+                    _wake(self.redis, self.slug)
                 limit = self.route.cold_start_timeout
             else:  # busy replicas; a request that waited for one to start may wait longer
                 limit = max(QUEUE_WAIT_SECONDS, self.route.cold_start_timeout if cold else 0)
