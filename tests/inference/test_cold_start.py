@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from gpucap.drivers.base import VmSpec
-from gpucap.inference import cache, tasks
+from gpucap.inference import cache, router, tasks
 from gpucap.inference.autoscaler import Scaling
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
@@ -31,6 +31,14 @@ inference_redis = router_tests.inference_redis
 server = router_tests.server
 sim = router_tests.sim
 key = router_tests.key
+
+
+@pytest.fixture(autouse=True)
+def woken_forgotten():
+    """Each test starts with no deployment woken lately by this process's router."""
+    router._woken.clear()
+    yield
+    router._woken.clear()
 
 
 @pytest.fixture
@@ -173,6 +181,22 @@ def test_a_request_waiting_at_zero_is_load_and_leaves_the_queue_with_its_client(
     with contextlib.suppress(AssertionError):  # and stays empty
         wait_until(lambda: queued(deployment) != 0, what="a leak", timeout=0.5)
     assert cache.load(deployment.slug)[:2] == (0, 0)
+
+
+def test_requests_queued_at_zero_wake_the_deployment_once_per_interval(
+    server, at_zero, key, sent, monkeypatch
+):
+    monkeypatch.setattr(router, "WAKE_SECONDS", 3600)  # one interval for the whole test
+    deployment = at_zero(cold_start_timeout_seconds=1)
+    secret = key(deployment)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        answers = list(pool.map(lambda _: chat(server, deployment, secret), range(3)))
+    later = chat(server, deployment, secret)
+
+    assert [a.status_code for a in [*answers, later]] == [503] * 4
+    assert len(wakes(sent, deployment)) == 1
+    assert router_tests.settled(deployment)[:2] == (0, 0)
 
 
 def test_the_wake_up_of_a_quiet_deployment_asks_for_nothing(at_zero, sent):
