@@ -565,7 +565,7 @@ class _Exchange:
             else:  # busy replicas; a request that waited for one to start may wait longer
                 limit = max(QUEUE_WAIT_SECONDS, self.route.cold_start_timeout if cold else 0)
             if time.monotonic() - started > limit:
-                raise self._timeout()
+                raise self._timeout(limit)
             if not self.route.replicas:
                 await asyncio.sleep(COLD_START_POLL_SECONDS)
                 outcome = b"gone"
@@ -588,12 +588,11 @@ class _Exchange:
                 raise _no_replica(self.slug)
         return replica
 
-    def _timeout(self) -> Refusal:
+    def _timeout(self, waited: float) -> Refusal:
         if self.route.replicas:
             return Refusal(
                 503,
-                f"The deployment {self.slug} had no free replica for "
-                f"{QUEUE_WAIT_SECONDS} s; retry shortly.",
+                f"The deployment {self.slug} had no free replica for {waited:g} s; retry shortly.",
                 kind="server_error",
                 code="queue_timeout",
                 headers=_retry_after(),
