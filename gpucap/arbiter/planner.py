@@ -54,6 +54,11 @@ its placements are tentative until the last demand fits, and are rolled back oth
    plan leaves free, that was free before it, and that fits at least as well. Being last, it
    is below every rule: it changes where such a VM lands, never who is served or preempted.
 
+5. Whole plan (`improve.whole_plan`): on sets of up to 64 ready nodes, a plan that preempts is
+   re-planned with its groups served in other orders, and the least disruptive plan (rule 7
+   over all its victims) that serves exactly the same demands is kept (rule 8: the order of
+   service decides who is served, not how badly).
+
 Indexes keep this fast on fleets of thousands of nodes. Per block size there is a heap of each
 node's best-fit free partition, and (built the first time a demand of that size needs a reclaim)
 an index of reclaims keyed by the cost above (`_Reclaims`). A node's entries are recomputed only
@@ -74,7 +79,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
-from gpucap.arbiter import explain
+from gpucap.arbiter import explain, improve
 from gpucap.arbiter.model import (
     Demand,
     Placement,
@@ -116,7 +121,15 @@ _REGION_RECLAIMS_PER_DEMAND = 2
 
 def plan(snapshot: Snapshot) -> Plan:
     """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`."""
-    return _Planner(snapshot).run()
+    planner = _Planner(snapshot)
+    first = planner.run()
+    return improve.whole_plan(
+        snapshot,
+        first,
+        order=planner.order,
+        ready_nodes=len(planner.ready_nodes),
+        replan=lambda order: _Planner(snapshot).run(order),
+    )
 
 
 def disruption_cost(victims: Iterable[Vm], pool_rank: Mapping[str, int]) -> tuple[int, ...]:
@@ -568,20 +581,22 @@ class _Planner:
 
     # -- the plan --------------------------------------------------------------------------
 
-    def run(self) -> Plan:
+    def run(self, order: list[str] | None = None) -> Plan:
+        """The plan, serving groups in rule 8's order, or in ``order`` (group ids) if given."""
         groups: dict[str, list[Demand]] = {}
         for demand in self.demands:
             groups.setdefault(demand.group, []).append(demand)
         pool_rank = {pool.name: pool.rank for pool in self.pools}
-        order = sorted(
-            groups.items(),
-            key=lambda item: (
-                min(pool_rank[d.pool] for d in item[1]),
-                min(d.requested_at for d in item[1]),
-                item[0],
+        self.order = order or sorted(
+            groups,
+            key=lambda group: (
+                min(pool_rank[d.pool] for d in groups[group]),
+                min(d.requested_at for d in groups[group]),
+                group,
             ),
         )
-        for group, demands in order:
+        for group in self.order:
+            demands = groups[group]
             demands.sort(key=lambda d: (-d.gpus, d.requested_at, d.id))
             self._serve(group, demands)
         self._prefer_disks()
