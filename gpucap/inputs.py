@@ -42,6 +42,7 @@ NAME_FIELDS = frozenset(
         "cluster",
         "capacity_set",
         "deployment",
+        "job",
         "image",
         "role",
         "model",

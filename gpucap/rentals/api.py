@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from gpucap.api.base import InputSerializer, ServiceWrites
 from gpucap.api.permissions import IsOperator
 from gpucap.fleet.models import Node, Pool
-from gpucap.rentals import selectors, services, waiting
+from gpucap.rentals import jobs, selectors, services, waiting
 from gpucap.rentals.filters import VirtualMachineFilter
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
@@ -83,6 +83,12 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         help_text="When a proposed plan first named this VM as a victim (kept while later "
         "plans name it again); null when none does.",
     )
+    job = serializers.CharField(
+        read_only=True,
+        help_text="The multi-VM job the VM belongs to (its VMs are named <job>-0, <job>-1, ... "
+        "and are placed, and reclaimed, together); empty for a VM asked for on its own. List a "
+        "job's VMs with ?job=<job>.",
+    )
 
     class Meta:
         model = VirtualMachine
@@ -99,6 +105,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "gpu_count",
             "image",
             "ssh_public_key",
+            "job",
             "state",
             "stop_reason",
             "failure_reason",
@@ -164,7 +171,24 @@ class VmRequestSerializer(InputSerializer):
         error_messages={"does_not_exist": "no pool {pk_value} that your tenant may use"},
     )
     name = serializers.CharField(
-        max_length=63, help_text="1-63 lowercase letters, digits or hyphens; unique per tenant."
+        max_length=63,
+        required=False,
+        help_text="1-63 lowercase letters, digits or hyphens; unique per tenant. Required, "
+        "unless you ask for a job (then leave it out: the job's VMs are named after it).",
+    )
+    job = serializers.CharField(
+        max_length=60,
+        required=False,
+        help_text="Ask for a multi-VM job: 1-60 lowercase letters, digits or hyphens, not the "
+        "name of a job of your tenant that still has VMs that are not stopped, failed or "
+        "terminated. Its `count` VMs, each of this shape, are named <job>-0, <job>-1, ..., and "
+        "are placed all or none; a capacity set reclaims them together.",
+    )
+    count = serializers.IntegerField(
+        min_value=1,
+        max_value=64,
+        required=False,
+        help_text="How many VMs the job has (1-64; 1 when left out). Only with `job`.",
     )
     gpu_count = serializers.IntegerField(
         help_text="PCIe pools: 1. NVSwitch pools: 1, 2, 4 or 8 (one whole NVLink partition)."
@@ -217,7 +241,10 @@ _VM_NOW = "The VM as it is now; the driver acts on it shortly after."
     create=extend_schema(
         request=VmRequestSerializer,
         responses={201: VirtualMachineSerializer},
-        description="Request a GPU VM. It starts pending and is placed when capacity is free.",
+        description="Request a GPU VM. It starts pending and is placed when capacity is free. "
+        "With `job` and `count`, request that many VMs as one job: all are created or none, "
+        "and the answer is the job's first VM (<job>-0); GET /api/vms/?job=<job> lists them "
+        "all.",
     ),
     destroy=extend_schema(
         request=None,
@@ -256,8 +283,8 @@ class VirtualMachineViewSet(
         data = self.validated(VmRequestSerializer, request.data)
         tenant = data.pop("tenant", None) or self._only_tenant()
         tenant_change_check(request.user, tenant.pk)
-        vm = services.vm_request(tenant=tenant, actor=request.user, **data)
-        return Response(self.read(vm), status=status.HTTP_201_CREATED)
+        vms = jobs.rental_request(tenant=tenant, actor=request.user, **data)
+        return Response(self.read(vms[0]), status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
         vm = services.vm_terminate(vm=self._to_change(), actor=request.user)

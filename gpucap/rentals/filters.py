@@ -10,6 +10,7 @@ from gpucap.rentals.models import VirtualMachine
 class VirtualMachineFilter(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
     pool = IdFilter(field_name="pool_id", label="Pool id")
+    job = django_filters.CharFilter(field_name="job", label="Job name (the VMs of a multi-VM job)")
     node = IdFilter(field_name="node_id", label="Node id (where the VM holds or last held GPUs)")
 
     class Meta:

@@ -76,9 +76,16 @@ class VirtualMachine(models.Model):
         blank=True, help_text="Inference replicas: where the model server listens (the driver)."
     )
     demand_group = models.CharField(
-        max_length=64,
+        max_length=128,
         blank=True,
-        help_text="VMs asked for together (an inference scale-up step): placed all or none.",
+        help_text="VMs asked for together (an inference scale-up step, or a tenant's multi-VM "
+        "job as '<tenant slug>/<job>'): placed all or none.",
+    )
+    job = models.CharField(
+        max_length=60,
+        blank=True,
+        help_text="The multi-VM job the VM belongs to (its VMs are named <job>-0, <job>-1, ...); "
+        "empty for a VM asked for on its own.",
     )
     stop_reason = models.CharField(
         max_length=16,
@@ -119,6 +126,7 @@ class VirtualMachine(models.Model):
         indexes = [
             models.Index(fields=["state", "pool", "requested_at"]),
             models.Index(fields=["tenant", "state"]),
+            models.Index(fields=["tenant", "job"], condition=~Q(job=""), name="vm_job"),
             models.Index(
                 fields=["at_risk_since"],
                 condition=Q(at_risk_since__isnull=False),

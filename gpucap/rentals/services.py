@@ -117,12 +117,6 @@ def _plain(value):
     return value
 
 
-def _plan_inputs_changed(vm: VirtualMachine) -> None:
-    """A new VM's demand can alter a plan: bump its set's generation."""
-    capacity_set_id = Pool.objects.filter(pk=vm.pool_id).values_list("capacity_set_id", flat=True)
-    capacity_set_bump(capacity_set_id=capacity_set_id.first())
-
-
 # --- requests from tenants ---------------------------------------------------------------------
 
 
@@ -140,10 +134,14 @@ def vm_request(
     deployment=None,
     demand_group: str = "",
     user_data: str = "",
+    job: str = "",
+    announce: bool = True,
 ) -> VirtualMachine:
     """A tenant asks for a GPU VM. It waits in ``pending`` until capacity is found. Inference
     replicas are asked for by the inference services (``deployment``, and a
-    ``demand_group`` shared by the replicas of one scale-up step). ``user_data`` is the
+    ``demand_group`` shared by the replicas of one scale-up step); the VMs of a tenant's job
+    by ``gpucap.rentals.jobs`` (``job`` and its ``demand_group``, announced once for the
+    whole job: ``announce=False``, then ``demand_added``). ``user_data`` is the
     tenant's own cloud-init user-data for the guest (checked as the seed will use it)."""
     errors: dict[str, str] = {}
     if not pool.tenants.filter(pk=tenant.pk).exists():
@@ -198,16 +196,30 @@ def vm_request(
         deployment=deployment,
         demand_group=demand_group,
         user_data=user_data,
+        job=job,
     )
     audit_record(
         actor=actor,
         verb="vm.request",
         target=vm,
-        after={"pool": pool.name, "gpu_count": gpu_count, "image": vm.image},
+        after={
+            "pool": pool.name,
+            "gpu_count": gpu_count,
+            "image": vm.image,
+            **({"job": job} if job else {}),
+        },
     )
-    _plan_inputs_changed(vm)
-    _demand_changed(pool)
+    if announce:
+        demand_added(pool=pool)
     return vm
+
+
+def demand_added(*, pool: Pool) -> None:
+    """New pending VMs of ``pool`` can alter a plan: bump its set's generation (read now, not
+    from ``pool`` as passed in), or place on its cluster's standalone nodes."""
+    capacity_set_id = Pool.objects.filter(pk=pool.pk).values_list("capacity_set_id", flat=True)
+    capacity_set_bump(capacity_set_id=capacity_set_id.first())
+    _demand_changed(pool)
 
 
 def image_problem(*, pool: Pool, image: object) -> str:
