@@ -14,6 +14,9 @@ service calls:
 
 - each preemption -> ``services.vm_preempt`` (the victim stops at once; it goes back to pending
   when it is off, as a persistent spot request);
+- a victim that is a member of a running multi-VM job stops with every other running member of
+  the job (``jobs.job_member_preempt``): a job never runs in part. Their GPUs are reserved for
+  nobody; the placement waits only for the victims the plan chose;
 - each placement on GPUs that are free now -> ``services.vm_place``;
 - a placement that needs victims waits: its victims point at it (``preempted_for``), their GPUs
   and the free rest of its block are reserved for it, and it gets no second round of victims
@@ -41,7 +44,7 @@ from gpucap.arbiter import model as am
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Node, Pool
 from gpucap.plans.snapshot import Hardware, LiveCapacity
-from gpucap.rentals import services
+from gpucap.rentals import jobs, services
 from gpucap.rentals.models import VirtualMachine
 
 logger = logging.getLogger(__name__)
@@ -160,6 +163,7 @@ def _apply(fleet: LiveCapacity, plan: am.Plan, result: PlacementResult) -> None:
                 gpus=preemption.gpus,
             )
         )
+    _stop_whole_jobs(fleet, by_instance, result)
 
     for placement in plan.placements:
         vm = by_instance[placement.demand]
@@ -194,3 +198,38 @@ def _apply(fleet: LiveCapacity, plan: am.Plan, result: PlacementResult) -> None:
         vm = by_instance[unsatisfied.demand]
         logger.info("%s stays pending: %s", vm.instance_id, unsatisfied.reason)
         result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=unsatisfied.reason))
+
+
+def _stop_whole_jobs(
+    fleet: LiveCapacity, by_instance: dict[str, VirtualMachine], result: PlacementResult
+) -> None:
+    """Stop the other running members of each job a victim of this run belongs to (but those
+    the plan preempted itself)."""
+    done = {preempted.vm_id for preempted in result.preempted}
+    by_id = {vm.pk: vm for vm in by_instance.values()}
+    for preempted in list(result.preempted):
+        victim, beneficiary = by_id[preempted.vm_id], by_id[preempted.for_vm_id]
+        for member in jobs.job_members_running(victim):
+            if member.pk in done:
+                continue
+            try:
+                jobs.job_member_preempt(vm=member, victim=victim, for_vm=beneficiary)
+            except Conflict as exc:  # it changed state since it was read
+                logger.info("%s of a preempted job was not stopped: %s", member.instance_id, exc)
+                continue
+            done.add(member.pk)
+            logger.info(
+                "%s preempted without notice with %s of its job %s",
+                member.instance_id,
+                victim.instance_id,
+                member.job or member.demand_group,
+            )
+            node_id, gpus = next(iter(fleet.held.get(member.pk, {}).items()), (None, []))
+            result.preempted.append(
+                Preempted(
+                    vm_id=member.pk,
+                    for_vm_id=beneficiary.pk,
+                    node=fleet.nodes[node_id].hostname if node_id in fleet.nodes else "",
+                    gpus=tuple(gpus),
+                )
+            )
