@@ -165,39 +165,79 @@ def _apply(fleet: LiveCapacity, plan: am.Plan, result: PlacementResult) -> None:
         )
     _stop_whole_jobs(fleet, by_instance, result)
 
+    groups: dict[str, list[am.Placement]] = defaultdict(list)
     for placement in plan.placements:
         vm = by_instance[placement.demand]
-        if placement.preempts or leaving[placement.node] & set(placement.gpus):
-            logger.info(
-                "%s waits for %s to stop on %s",
-                vm.instance_id,
-                ", ".join(placement.preempts) or "preempted VMs",
-                placement.node,
-            )
-            result.waiting.append(vm.pk)
-            continue
-        node = nodes[placement.node]
-        try:
-            services.vm_place(
-                vm=vm,
-                node=node,
-                gpu_indices=placement.gpus,
-                message=f"standalone placement on free GPUs {list(placement.gpus)} of "
-                f"{node.hostname} (pool {vm.pool.name}, rank {vm.pool.rank})",
-            )
-        except (Conflict, ValidationError) as exc:
-            # Someone else took the GPUs or changed the VM since it was read (a hand
-            # placement, a terminate); the next run plans again from the new state.
-            reason = exc.message if isinstance(exc, Conflict) else "; ".join(exc.messages)
-            logger.info("%s was not placed: %s", vm.instance_id, reason)
-            result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=reason))
-            continue
-        result.placed.append(Placed(vm_id=vm.pk, node=node.hostname, gpus=placement.gpus))
+        groups[vm.demand_group or vm.instance_id].append(placement)
+    for placements in groups.values():
+        _place_group(placements, by_instance, nodes, leaving, result)
 
     for unsatisfied in plan.unsatisfied:
         vm = by_instance[unsatisfied.demand]
         logger.info("%s stays pending: %s", vm.instance_id, unsatisfied.reason)
         result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=unsatisfied.reason))
+
+
+class _GroupMissed(Exception):
+    def __init__(self, vm: VirtualMachine, reason: str) -> None:
+        super().__init__(reason)
+        self.vm, self.reason = vm, reason
+
+
+def _place_group(
+    placements: list[am.Placement],
+    by_instance: dict[str, VirtualMachine],
+    nodes: dict[str, Node],
+    leaving: dict[str, set[int]],
+    result: PlacementResult,
+) -> None:
+    """Place the members of one demand group (a VM alone, a multi-VM job, an inference
+    scale-up step) on the free GPUs the plan gave them; a member whose GPUs victims still hold
+    waits. One savepoint for the group: when one member cannot be placed (someone took its
+    GPUs, or changed it, since the run read them), none is, so a job never starts in part."""
+    placed, waiting = [], []
+    try:
+        with transaction.atomic():
+            for placement in placements:
+                vm = by_instance[placement.demand]
+                if placement.preempts or leaving[placement.node] & set(placement.gpus):
+                    logger.info(
+                        "%s waits for %s to stop on %s",
+                        vm.instance_id,
+                        ", ".join(placement.preempts) or "preempted VMs",
+                        placement.node,
+                    )
+                    waiting.append(vm.pk)
+                    continue
+                node = nodes[placement.node]
+                try:
+                    services.vm_place(
+                        vm=vm,
+                        node=node,
+                        gpu_indices=placement.gpus,
+                        message=f"standalone placement on free GPUs {list(placement.gpus)} of "
+                        f"{node.hostname} (pool {vm.pool.name}, rank {vm.pool.rank})",
+                    )
+                except (Conflict, ValidationError) as exc:
+                    # Someone else took the GPUs or changed the VM since it was read (a hand
+                    # placement, a terminate); the next run plans again from the new state.
+                    reason = exc.message if isinstance(exc, Conflict) else "; ".join(exc.messages)
+                    raise _GroupMissed(vm, reason) from exc
+                placed.append(Placed(vm_id=vm.pk, node=node.hostname, gpus=placement.gpus))
+    except _GroupMissed as missed:
+        logger.info("%s was not placed: %s", missed.vm.instance_id, missed.reason)
+        for placement in placements:
+            vm = by_instance[placement.demand]
+            reason = (
+                missed.reason
+                if vm.pk == missed.vm.pk
+                else f"{missed.vm.instance_id} of its group {vm.demand_group} was not placed "
+                f"({missed.reason}); the group is placed whole or not at all"
+            )
+            result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=reason))
+        return
+    result.placed.extend(placed)
+    result.waiting.extend(waiting)
 
 
 def _stop_whole_jobs(

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from gpucap.audit.models import AuditEvent
+from gpucap.errors import Conflict
 from gpucap.rentals import jobs, services
 from gpucap.rentals.models import VirtualMachine
 from tests.plans.test_standalone import SSH_KEY, east, fresh, held, no_gpu_held_twice
@@ -58,6 +59,28 @@ def test_a_job_that_fits_is_placed_whole(east):
 
     assert sorted(p.vm_id for p in result.placed) == sorted(vm.pk for vm in members)
     assert {fresh(vm).state for vm in members} == {State.PROVISIONING}
+    no_gpu_held_twice()
+
+
+def test_a_member_that_cannot_be_placed_after_all_leaves_the_whole_job_pending(east, monkeypatch):
+    members = ask_job(east, "a100-batch", job="train-7", count=4, gpus=4)
+    place = services.vm_place
+
+    def gpus_taken_meanwhile(*, vm, **kwargs):
+        if vm.name == "train-7-2":  # another worker took its GPUs since this run read them
+            raise Conflict("GPUs [0, 1, 2, 3] of a100-002 are no longer free", code="gpus_taken")
+        return place(vm=vm, **kwargs)
+
+    monkeypatch.setattr(services, "vm_place", gpus_taken_meanwhile)
+
+    result = east.place()
+
+    assert result.placed == []
+    assert {fresh(vm).state for vm in members} == {State.PENDING}
+    assert all(held(vm) is None for vm in members)
+    reasons = {u.vm_id: u.reason for u in result.unsatisfied}
+    assert "no longer free" in reasons[members[2].pk]
+    assert "placed whole or not at all" in reasons[members[0].pk]
     no_gpu_held_twice()
 
 
