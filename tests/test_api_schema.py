@@ -43,6 +43,7 @@ ENDPOINTS = {
     "/api/vms/{id}/": {"get", "delete"},
     "/api/vms/{id}/stop/": {"post"},
     "/api/vms/{id}/start/": {"post"},
+    "/api/vms/{id}/terminate-job/": {"post"},
     "/api/vms/{id}/place/": {"post"},
     "/api/vms/{id}/reclaim/": {"post"},
     "/api/notices/": {"get"},

@@ -160,6 +160,7 @@ def test_every_tenant_side_change_is_refused_to_an_operator_who_is_not_a_member(
         f"POST /tenants/acme/members/{acme[('members', 'pk')]}/remove/",
         "POST /api/vms/",
         f"POST /api/vms/{acme[('vms', 'pk')]}/stop/",
+        f"POST /api/vms/{acme[('vms', 'pk')]}/terminate-job/",
         f"DELETE /api/vms/{acme[('vms', 'pk')]}/",
         f"PATCH /api/deployments/{acme[('deployments', 'pk')]}/",
         f"POST /api/api-keys/{acme[('api-keys', 'pk')]}/revoke/",

@@ -305,6 +305,16 @@ class VirtualMachineViewSet(
         vm = services.vm_start(vm=self._to_change(), actor=request.user)
         return Response(self.read(vm), status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(request=None, responses={202: VirtualMachineSerializer(many=True)})
+    @action(detail=True, methods=["post"], url_path="terminate-job")
+    def terminate_job(self, request, pk=None):
+        """Terminate every VM of this VM's multi-VM job that is not terminated yet, each as
+        DELETE does (a VM holding GPUs is stopped first). A VM in no job is refused (409).
+        Answers the job's VMs as they are now."""
+        vms = jobs.job_terminate(vm=self._to_change(), actor=request.user)
+        fresh = self.get_queryset().filter(pk__in=[vm.pk for vm in vms]).order_by("pk")
+        return Response(self.get_serializer(fresh, many=True).data, status=status.HTTP_202_ACCEPTED)
+
     @extend_schema(request=VmPlaceSerializer, responses={202: VirtualMachineSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsOperator])
     def place(self, request, pk=None):

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gpucap.audit.services import Actor
+from gpucap.errors import Conflict
 from gpucap.fleet.models import Pool
 from gpucap.rentals import services
 from gpucap.rentals.models import VirtualMachine
@@ -152,6 +153,21 @@ def job_is_live(*, tenant: Tenant, job: str) -> bool:
         .exclude(state__in=ENDED)
         .exists()
     )
+
+
+@transaction.atomic
+def job_terminate(*, vm: VirtualMachine, actor: Actor = None) -> list[VirtualMachine]:
+    """The owner terminates every VM of ``vm``'s job that is not terminated yet (each as
+    ``vm_terminate`` does: a VM holding GPUs stops first). All or none: a refusal for one
+    member changes nothing."""
+    if not vm.job or vm.role != VirtualMachine.Role.RENTAL:
+        raise Conflict(f"{vm.instance_id} is in no job", code="not_in_a_job")
+    members = (
+        VirtualMachine.objects.filter(tenant_id=vm.tenant_id, job=vm.job, role=vm.role)
+        .exclude(state=State.TERMINATED)
+        .order_by("pk")
+    )
+    return [services.vm_terminate(vm=member, actor=actor) for member in members]
 
 
 # --- standalone preemption ---------------------------------------------------------------------

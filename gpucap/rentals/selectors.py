@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Case, Count, IntegerField, OuterRef, Prefetch, QuerySet, Subquery, When
 from django.http import Http404
 
 from gpucap.audit.models import AuditEvent
@@ -35,7 +35,32 @@ def vms_with_gpus() -> QuerySet[VirtualMachine]:
         .order_by("gpu__index")
     )
     vms = with_login_user(VirtualMachine.objects.select_related("tenant", "pool", "node__cluster"))
+    vms = with_job_place(vms)
     return vms.prefetch_related(Prefetch("allocations", queryset=live, to_attr="live_allocations"))
+
+
+def with_job_place(vms: QuerySet[VirtualMachine]) -> QuerySet[VirtualMachine]:
+    """``vms`` with each one's place in its multi-VM job, read in the same query, for "job
+    train-7, VM 2 of 4": ``job_size``, how many of the job's VMs are not terminated, and
+    ``job_position``, the VM's rank among them by age (1 for the first). None for a VM that is
+    in no job, and ``job_position`` None for a terminated one."""
+    mates = (
+        VirtualMachine.objects.filter(tenant_id=OuterRef("tenant_id"), job=OuterRef("job"))
+        .exclude(job="")
+        .exclude(state=State.TERMINATED)
+        .order_by()
+        .values("tenant_id")
+    )
+    size = mates.annotate(n=Count("pk")).values("n")
+    position = mates.filter(pk__lte=OuterRef("pk")).annotate(n=Count("pk")).values("n")
+    return vms.annotate(
+        job_size=Subquery(size, output_field=IntegerField()),
+        job_position=Case(
+            When(job="", then=None),
+            When(state=State.TERMINATED, then=None),
+            default=Subquery(position, output_field=IntegerField()),
+        ),
+    )
 
 
 def gpu_holders(*, node_id: int) -> dict[int, VirtualMachine]:

@@ -27,8 +27,26 @@ class VmRequestForm(ServiceErrorsMixin, forms.Form):
     )
     name = forms.CharField(
         max_length=63,
-        help_text="Lowercase letters, digits and hyphens, e.g. train-01.",
+        required=False,
+        help_text="Lowercase letters, digits and hyphens, e.g. train-01. Leave it empty for a "
+        "job: its VMs are named after the job.",
         widget=forms.TextInput(attrs={"placeholder": "train-01", "autocomplete": "off"}),
+    )
+    job = forms.CharField(
+        label="Job (optional)",
+        max_length=60,
+        required=False,
+        help_text="Ask for several VMs of this shape as one job: named <job>-0, <job>-1, ..., "
+        "placed all or none, and reclaimed together.",
+        widget=forms.TextInput(attrs={"placeholder": "train-7", "autocomplete": "off"}),
+    )
+    count = forms.IntegerField(
+        label="VMs in the job",
+        required=False,
+        min_value=1,
+        max_value=64,
+        help_text="1-64; only with a job.",
+        widget=forms.NumberInput(attrs={"min": 1, "max": 64, "placeholder": "1"}),
     )
     gpu_count = forms.IntegerField(
         label="GPUs",
@@ -113,6 +131,7 @@ class VmFilterForm(forms.Form):
     pool = forms.ChoiceField(required=False)
     state = forms.ChoiceField(required=False)
     node = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    job = forms.CharField(required=False, max_length=60)
 
     def __init__(self, data, *, options: VmFilterOptions) -> None:
         super().__init__(data)

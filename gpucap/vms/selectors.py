@@ -5,6 +5,7 @@ fixed number of queries. The reads of one VM are rentals' own (``gpucap.rentals.
 """
 
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
@@ -33,17 +34,29 @@ class TenantVms:
     vms: list[VirtualMachine]
     terminated_count: int
     include_terminated: bool
+    job: str = ""  # only the VMs of this job
 
     @property
     def polling_fast(self) -> bool:
         return any(vm.state in TRANSITIONAL for vm in self.vms)
 
+    @property
+    def query(self) -> str:
+        """The list's own query string ("?terminated=1&job=train-7"), "" when unfiltered."""
+        query = {"terminated": "1"} if self.include_terminated else {}
+        if self.job:
+            query["job"] = self.job
+        return f"?{urlencode(query)}" if query else ""
 
-def tenant_vms(*, tenant: Tenant, include_terminated: bool = False) -> TenantVms:
-    """A tenant's rentals, newest first; terminated ones only when asked for. Inference
-    replicas belong to their deployments and are shown there. Three queries, and two to four more
-    when one of them is pending (why it waits)."""
+
+def tenant_vms(*, tenant: Tenant, include_terminated: bool = False, job: str = "") -> TenantVms:
+    """A tenant's rentals, newest first; terminated ones only when asked for; only those of
+    multi-VM job ``job`` when given. Inference replicas belong to their deployments and are
+    shown there. Three queries, and two to four more when one of them is pending (why it
+    waits)."""
     mine = {"tenant": tenant, "role": VirtualMachine.Role.RENTAL}
+    if job:
+        mine["job"] = job
     vms = vms_with_notices().filter(**mine).order_by("-created_at", "-id")
     terminated = VirtualMachine.objects.filter(**mine, state=State.TERMINATED)
     if not include_terminated:
@@ -52,6 +65,7 @@ def tenant_vms(*, tenant: Tenant, include_terminated: bool = False) -> TenantVms
         vms=annotate_waiting(list(vms)),
         terminated_count=terminated.count(),
         include_terminated=include_terminated,
+        job=job,
     )
 
 
@@ -84,9 +98,16 @@ def vm_filter_options() -> VmFilterOptions:
 
 
 def vm_page(
-    *, tenant: str = "", pool: str = "", state: str = LIVE, node: int | None = None, page=1
+    *,
+    tenant: str = "",
+    pool: str = "",
+    state: str = LIVE,
+    node: int | None = None,
+    job: str = "",
+    page=1,
 ) -> Page:
-    """One page of VMs, newest first. ``tenant`` is a slug, ``pool`` a name, ``node`` an id.
+    """One page of VMs, newest first. ``tenant`` is a slug, ``pool`` a name, ``node`` an id,
+    ``job`` a multi-VM job's name (of any tenant, unless ``tenant`` says which).
     Three queries (count, rows, GPUs), and two to four more when one of them is pending (why it
     waits)."""
     vms = vms_with_notices().order_by("-created_at", "-id")
@@ -97,6 +118,8 @@ def vm_page(
     vms = vms.filter(state=state) if state else vms.exclude(state=State.TERMINATED)
     if node is not None:
         vms = vms.filter(node_id=node)
+    if job:
+        vms = vms.filter(job=job)
     result = Paginator(vms, PAGE_SIZE).get_page(page)
     result.object_list = annotate_waiting(list(result.object_list))
     return result

@@ -21,7 +21,7 @@ from gpucap.notices import drains
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_seconds_for
 from gpucap.plans.waiting import vm_waiting
-from gpucap.rentals import selectors, services
+from gpucap.rentals import jobs, selectors, services
 from gpucap.rentals.models import VirtualMachine
 from gpucap.roles import is_operator, tenant_change_allowed, tenant_change_check
 from gpucap.tenancy import selectors as tenancy
@@ -70,11 +70,12 @@ def tenant_vms(request: HttpRequest, slug: str) -> HttpResponse:
     """A tenant's VMs and the form to request one. Operators look in read-only."""
     tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
     include_terminated = request.GET.get("terminated") == "1"
+    job = request.GET.get("job", "")[:60]
     if request.method == "POST":
         tenant_change_check(request.user, tenant.pk)
         return _vm_request(request, tenant, include_terminated=include_terminated)
     form = VmRequestForm(tenant=tenant) if tenant_change_allowed(request.user, tenant.pk) else None
-    context = _tenant_context(request, tenant, form, include_terminated=include_terminated)
+    context = _tenant_context(request, tenant, form, include_terminated=include_terminated, job=job)
     return render_page(request, "vms/tenant_vms.html", context, fragment="vm-table")
 
 
@@ -82,7 +83,7 @@ def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> Ht
     form = VmRequestForm(request.POST, tenant=tenant)
     if form.is_valid():
         try:
-            vm = services.vm_request(tenant=tenant, actor=request.user, **form.cleaned_data)
+            vms = jobs.rental_request(tenant=tenant, actor=request.user, **form.cleaned_data)
         except ValidationError as exc:
             form.add_service_errors(exc)
         else:
@@ -91,7 +92,7 @@ def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> Ht
             context = _tenant_context(
                 request, tenant, VmRequestForm(tenant=tenant), include_terminated=False
             )
-            context["requested"] = vm
+            context["requested"], context["requested_count"] = vms[0], len(vms)
             response = render_page(request, "vms/tenant_vms.html", context, fragment="vm-request")
             response["HX-Trigger"] = VMS_CHANGED
             return response
@@ -99,8 +100,8 @@ def _vm_request(request: HttpRequest, tenant, *, include_terminated: bool) -> Ht
     return render_page(request, "vms/tenant_vms.html", context, fragment="vm-request", status=400)
 
 
-def _tenant_context(request, tenant, form, *, include_terminated: bool) -> dict:
-    listing = vm_lists.tenant_vms(tenant=tenant, include_terminated=include_terminated)
+def _tenant_context(request, tenant, form, *, include_terminated: bool, job: str = "") -> dict:
+    listing = vm_lists.tenant_vms(tenant=tenant, include_terminated=include_terminated, job=job)
     return {"nav": "vms", "tenant": tenant, "listing": listing, "form": form}
 
 
@@ -129,7 +130,10 @@ def vm_start(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def vm_terminate(request: HttpRequest, pk: int) -> HttpResponse:
-    return _vm_act(request, pk, services.vm_terminate, tenant_side=True)
+    """Terminate the VM, or with ``whole_job=1`` every VM of its multi-VM job."""
+    whole_job = request.POST.get("whole_job") == "1"
+    act = jobs.job_terminate if whole_job else services.vm_terminate
+    return _vm_act(request, pk, act, tenant_side=True)
 
 
 @require_POST

@@ -147,6 +147,7 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/fleet/sets/<name>/plans/<plan_id>/",
         "/tenants/<slug>/usage/export.<fmt>",
         "/api/vms/<pk>/stop/",
+        "/api/vms/<pk>/terminate-job/",
         "/api/notices/<pk>/",
         "/api/tenants/<pk>/members/<membership_id>/",
         "/admin/rentals/virtualmachine/<object_id>/change/",

@@ -151,3 +151,36 @@ def test_the_schema_documents_the_job(anonymous_api, db):
     assert "job" in schema["components"]["schemas"]["VirtualMachine"]["properties"]
     parameters = schema["paths"]["/api/vms/"]["get"]["parameters"]
     assert "job" in {parameter["name"] for parameter in parameters}
+
+
+# --- terminating a whole job ------------------------------------------------------------------
+
+
+def test_terminate_job_terminates_every_vm_of_the_job_and_no_other(member_api, tenant, pools):
+    assert member_api.post("/api/vms/", job_body(pools["l40s-ondemand"])).status_code == 201
+    other = request_vm(tenant, pools["l40s-ondemand"], name="solo")
+    second = VirtualMachine.objects.get(name="train-7-1")
+
+    response = member_api.post(f"/api/vms/{second.pk}/terminate-job/")
+
+    assert response.status_code == 202, response.content
+    assert [vm["name"] for vm in response.json()] == [f"train-7-{n}" for n in range(4)]
+    assert {vm["state"] for vm in response.json()} == {"terminated"}
+    assert VirtualMachine.objects.get(pk=other.pk).state == State.PENDING
+
+
+def test_terminate_job_on_a_vm_in_no_job_is_a_409(member_api, tenant, pools):
+    solo = request_vm(tenant, pools["l40s-ondemand"], name="solo")
+    before = world()
+    response = member_api.post(f"/api/vms/{solo.pk}/terminate-job/")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "not_in_a_job"
+    assert world() == before
+
+
+def test_another_tenant_cannot_terminate_the_job(member_api, other_member_api, pools):
+    assert member_api.post("/api/vms/", job_body(pools["l40s-ondemand"])).status_code == 201
+    first = VirtualMachine.objects.get(name="train-7-0")
+    before = world()
+    assert other_member_api.post(f"/api/vms/{first.pk}/terminate-job/").status_code == 404
+    assert world() == before
