@@ -194,7 +194,22 @@ def _place_group(
     """Place the members of one demand group (a VM alone, a multi-VM job, an inference
     scale-up step) on the free GPUs the plan gave them; a member whose GPUs victims still hold
     waits. One savepoint for the group: when one member cannot be placed (someone took its
-    GPUs, or changed it, since the run read them), none is, so a job never starts in part."""
+    GPUs, or changed it, since the run read them), none is, so a job never starts in part.
+    Nor does it resume in part: while a member stopped for capacity is still on its way back to
+    pending, the others wait for it."""
+    first = by_instance[placements[0].demand]
+    coming_back = jobs.job_members_resuming(first)
+    if coming_back:
+        for placement in placements:
+            vm = by_instance[placement.demand]
+            reason = (
+                f"waits for {', '.join(m.instance_id for m in coming_back)} of its job "
+                f"{vm.job or vm.demand_group} to stop and ask for capacity again: a job "
+                "resumes whole"
+            )
+            logger.info("%s stays pending: %s", vm.instance_id, reason)
+            result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=reason))
+        return
     placed, waiting = [], []
     try:
         with transaction.atomic():

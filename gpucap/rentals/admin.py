@@ -44,7 +44,7 @@ class VirtualMachineAdmin(admin.ModelAdmin):
         "requested_at",
     ]
     list_filter = ["state", "role", "pool", "tenant"]
-    search_fields = ["name", "ip_address", "tenant__slug", "node__hostname"]
+    search_fields = ["name", "job", "ip_address", "tenant__slug", "node__hostname"]
     list_select_related = ["tenant", "pool", "node"]
     readonly_fields = [field.name for field in VirtualMachine._meta.fields if field.name != "id"]
     inlines = [AllocationInline, GuestAddressInline]

@@ -14,6 +14,7 @@ import re
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from gpucap.audit.services import Actor
 from gpucap.errors import Conflict
@@ -187,6 +188,33 @@ def job_members_running(vm: VirtualMachine) -> list[VirtualMachine]:
         )
         .exclude(pk=vm.pk)
         .select_related("pool")
+        .order_by("pk")
+    )
+
+
+def job_members_resuming(vm: VirtualMachine) -> list[VirtualMachine]:
+    """The members of ``vm``'s job that are being stopped for capacity and will ask for it
+    again (a preempted or reclaimed spot VM goes back to pending once it is off): a pending
+    member waits for them, so the job resumes whole. [] for a VM in no job."""
+    if not vm.demand_group or vm.role != VirtualMachine.Role.RENTAL:
+        return []
+    return list(
+        VirtualMachine.objects.filter(
+            demand_group=vm.demand_group,
+            tenant_id=vm.tenant_id,
+            role=VirtualMachine.Role.RENTAL,
+            pool__kind=Pool.Kind.SPOT,
+        )
+        .filter(
+            Q(state=State.NOTIFIED)
+            | Q(
+                state=State.STOPPING,
+                stop_reason__in=[
+                    VirtualMachine.StopReason.PREEMPTED,
+                    VirtualMachine.StopReason.RECLAIMED,
+                ],
+            )
+        )
         .order_by("pk")
     )
 

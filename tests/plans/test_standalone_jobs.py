@@ -149,3 +149,28 @@ def test_a_spot_vm_on_its_own_is_preempted_alone(east):
 
     assert [(p.vm_id, p.for_vm_id) for p in result.preempted] == [(lone.pk, urgent.pk)]
     assert fresh(job[0]).state == State.RUNNING
+
+
+def test_a_preempted_job_resumes_whole_not_member_by_member(east):
+    first, second = running_job(
+        east, job="sweep", on=[("a100-001", list(range(8))), ("a100-002", list(range(8)))]
+    )
+    gone = east.request("a100-standalone", 8)
+    services.vm_preempt(vm=first, for_vm=gone)
+    jobs.job_member_preempt(vm=second, victim=first, for_vm=gone)
+    services.vm_terminate(vm=gone)  # the VM the job was stopped for is withdrawn
+    services.vm_mark_stopped(vm=fresh(first))  # back in pending; its board is free again
+    assert fresh(first).state == State.PENDING and fresh(second).state == State.STOPPING
+
+    result = east.place()
+
+    # Room for it on its own board, but its job-mate is still on its way back: it waits.
+    assert result.placed == [] and held(first) is None
+    reasons = {u.vm_id: u.reason for u in result.unsatisfied}
+    assert f"waits for {second.instance_id} of its job sweep" in reasons[first.pk]
+
+    services.vm_mark_stopped(vm=fresh(second))
+    again = east.place()
+
+    assert sorted(p.vm_id for p in again.placed) == sorted([first.pk, second.pk])
+    no_gpu_held_twice()
