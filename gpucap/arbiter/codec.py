@@ -21,6 +21,7 @@ from gpucap.arbiter.model import (
     Plan,
     Pool,
     Snapshot,
+    Unsatisfied,
     Vm,
 )
 from gpucap.arbiter.validation import check_snapshot, item_label, one_line
@@ -113,10 +114,7 @@ def snapshot_to_dict(snapshot: Snapshot) -> dict:
     if snapshot.now is not None:
         data["now"] = format_time(snapshot.now)
     data["nodes"] = [_node_to_dict(node) for node in snapshot.nodes]
-    data["pools"] = [
-        {"name": p.name, "kind": p.kind, "rank": p.rank, "floor_gpus": p.floor_gpus}
-        for p in snapshot.pools
-    ]
+    data["pools"] = [_pool_to_dict(pool) for pool in snapshot.pools]
     data["deployments"] = [
         {"name": d.name, "pool": d.pool, "min_replicas": d.min_replicas}
         for d in snapshot.deployments
@@ -161,9 +159,7 @@ def plan_to_dict(plan: Plan) -> dict:
             for p in plan.placements
         ],
         "preemptions": preemptions,
-        "unsatisfied": [
-            {"demand": u.demand, "group": u.group, "reason": u.reason} for u in plan.unsatisfied
-        ],
+        "unsatisfied": [_unsatisfied_to_dict(u) for u in plan.unsatisfied],
         "pools": [
             {
                 "name": b.name,
@@ -200,6 +196,25 @@ def format_time(moment: datetime) -> str:
     return text.replace("+00:00", "Z")
 
 
+def _pool_to_dict(pool: Pool) -> dict:
+    data: dict = {
+        "name": pool.name,
+        "kind": pool.kind,
+        "rank": pool.rank,
+        "floor_gpus": pool.floor_gpus,
+    }
+    if pool.protect_seconds:
+        data["protect_seconds"] = pool.protect_seconds
+    return data
+
+
+def _unsatisfied_to_dict(entry: Unsatisfied) -> dict:
+    data: dict = {"demand": entry.demand, "group": entry.group, "reason": entry.reason}
+    if entry.waits_until is not None:
+        data["waits_until"] = format_time(entry.waits_until)
+    return data
+
+
 def _node_to_dict(node: Node) -> dict:
     data: dict = {"name": node.name, "gpus": node.gpus, "state": node.state}
     data["failed_gpus"] = list(node.failed_gpus)
@@ -229,7 +244,7 @@ def _vm_to_dict(vm: Vm) -> dict:
 _TOP_FIELDS = frozenset({"set", "now", "nodes", "pools", "deployments", "vms", "demands"})
 _SET_FIELDS = (("name", "fabric", "gpu_model"), ())
 _NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
-_POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ())
+_POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ("protect_seconds",))
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
 _VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "state", "tenant"))
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
@@ -351,9 +366,14 @@ class _Reader:
         kind = self.text(item, label, "kind")
         rank = self.integer(item, label, "rank")
         floor_gpus = self.integer(item, label, "floor_gpus")
-        if None in (name, kind, rank, floor_gpus):
+        protect_seconds = (
+            self.integer(item, label, "protect_seconds") if "protect_seconds" in item else 0
+        )
+        if None in (name, kind, rank, floor_gpus, protect_seconds):
             return None
-        return Pool(name=name, kind=kind, rank=rank, floor_gpus=floor_gpus)
+        return Pool(
+            name=name, kind=kind, rank=rank, floor_gpus=floor_gpus, protect_seconds=protect_seconds
+        )
 
     def deployment(self, item: dict, label: str) -> Deployment | None:
         name = self.text(item, label, "name")

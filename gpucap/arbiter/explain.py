@@ -7,13 +7,15 @@ decided. The planner calls the ``*_reason`` functions; `render_plan` is the CLI'
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gpucap.arbiter.model import Plan, Snapshot
 
 # Categories of partitions that can neither be given nor reclaimed, in the order a partition is
 # attributed to one when several apply.
 FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
+PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
+CATEGORIES = 5
 
 
 def block_name(fabric: str, size: int) -> str:
@@ -100,6 +102,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
         )
     if counts[FAILED] == total:
         return f"no node has a free or reclaimable {block}: every candidate includes a failed GPU"
+    if counts[PROTECTED] == total:
+        return (
+            f"no node has a free or reclaimable {block}: every candidate is held by a VM its "
+            f"pool still protects after it started or resumed"
+        )
     parts = []
     if counts[ON_DEMAND]:
         parts.append(f"{counts[ON_DEMAND]} {_hold(counts[ON_DEMAND])} on-demand VMs")
@@ -112,6 +119,8 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
         )
     if counts[FAILED]:
         parts.append(f"{counts[FAILED]} {_include(counts[FAILED])} a failed GPU")
+    if counts[PROTECTED]:
+        parts.append(f"{counts[PROTECTED]} {_are(counts[PROTECTED])} held by protected VMs")
     return (
         f"no node has a free or reclaimable {block}: of {total} candidates on ready nodes, "
         + ", ".join(parts)
@@ -149,6 +158,25 @@ def no_block_reason(*, block: str, unready_nodes: int) -> str:
         noun = "node that has one is" if unready_nodes == 1 else "nodes that have one are"
         reason += f" ({unready_nodes} {noun} cordoned, draining or down)"
     return reason
+
+
+def protected_reason(
+    *, until: datetime, now: datetime | None, pool: str, protect_seconds: int
+) -> str:
+    """A demand that only protected VMs could serve (rule 3a): when it may go ahead."""
+    return (
+        f"waits: the VMs it could reclaim are protected until {clock(until, now)} (pool {pool} "
+        f"protects VMs for {protect_seconds} s after they start or resume)"
+    )
+
+
+def clock(moment: datetime, now: datetime | None = None) -> str:
+    """'14:05 UTC' (seconds only when not zero; the date too when not ``now``'s day)."""
+    moment = moment.astimezone(UTC)
+    text = moment.strftime("%H:%M:%S" if moment.second else "%H:%M") + " UTC"
+    if now is None or now.astimezone(UTC).date() != moment.date():
+        text = moment.strftime("%Y-%m-%d ") + text
+    return text
 
 
 def group_reason(*, group: str, demand: str, gpus: int, reason: str) -> str:

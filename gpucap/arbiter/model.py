@@ -20,6 +20,12 @@ file is read unchanged):
   free capacity moves to that node when it has an equally good free partition: a preference
   below every rule of DESIGN.md section 3, so it never changes who is served, who is preempted
   or how well the free capacity is packed (see ``planner._Planner._prefer_disks``).
+- pool ``"protect_seconds"``: whole seconds, 0 (default, off) to 604800 (7 days). A running
+  VM of the pool that started or resumed less than that long before ``now`` (``now <
+  started_at + protect_seconds``) is protected: it is not a legal victim (rule 3a, see
+  docs/arbiter.md). Without ``now`` no VM is protected. A demand that only protected VMs could
+  serve waits; its unsatisfied entry then carries ``"waits_until"``, the moment the cheapest
+  plan that ignores protection could go ahead (see ``protection``).
 
 Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
 placements and subtract its preemptions (``after_gpus``).
@@ -36,6 +42,8 @@ POOL_KINDS = ("on_demand", "spot", "inference")
 VM_STATES = ("running", "notified")
 
 MAX_NODE_GPUS = 8
+# A pool's protect_seconds: at most 7 days.
+MAX_PROTECT_SECONDS = 7 * 24 * 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,7 @@ class Pool:
     kind: str
     rank: int
     floor_gpus: int = 0
+    protect_seconds: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,8 @@ class Unsatisfied:
     demand: str
     group: str
     reason: str
+    # Set when only protected VMs keep the demand waiting: when their protection ends.
+    waits_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,9 @@ its placements are tentative until the last demand fits, and are rolled back oth
    the reason of its first attempt.
 2. A reclaim takes one whole partition of the node's table (rule 5); its victims are forced:
    every VM holding a GPU of that partition. It is legal when no victim is on-demand (rule 1),
-   under notice, or of a pool ranked at or above the demand's pool (rule 3), when it leaves
+   under notice, protected (rule 3a: inside its pool's ``protect_seconds`` after it started or
+   resumed; see protection.py), or of a pool ranked at or above the demand's pool (rule 3),
+   when it leaves
    every pool at or above its floor and every deployment at or above its ``min_replicas``,
    counting all earlier preemptions of the plan (rule 2), and when the partition has no failed
    GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition become
@@ -79,7 +81,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
-from gpucap.arbiter import explain, improve
+from gpucap.arbiter import explain, improve, protection
 from gpucap.arbiter.model import (
     Demand,
     Placement,
@@ -123,12 +125,16 @@ def plan(snapshot: Snapshot) -> Plan:
     """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`."""
     planner = _Planner(snapshot)
     first = planner.run()
-    return improve.whole_plan(
+    result = improve.whole_plan(
         snapshot,
         first,
         order=planner.order,
         ready_nodes=len(planner.ready_nodes),
         replan=lambda order: _Planner(snapshot).run(order),
+    )
+    # Waits that protection causes say until when (rule 3a, protection.py).
+    return protection.explain_waits(
+        snapshot, result, lambda: _Planner(snapshot, protect=False).run()
     )
 
 
@@ -268,8 +274,9 @@ class _Reclaims:
         self.parked: dict[tuple, tuple] = {}  # take -> the floor it would break
         self.parked_tops: list[tuple[tuple, tuple]] = []  # like tops, for parked takes
         self.victims: list[dict[int, list[_Vm]]] = [{} for _ in range(count)]
-        self.node_blocked: list[tuple[int, ...]] = [(0, 0, 0, 0)] * count
-        self.blocked = [0, 0, 0, 0]  # ready partitions no reclaim can free, by explain category
+        self.node_blocked: list[tuple[int, ...]] = [(0,) * explain.CATEGORIES] * count
+        # Ready partitions no reclaim can free, by explain category.
+        self.blocked = [0] * explain.CATEGORIES
         self.unready = 0  # nodes not ready that have partitions of this size
         for node, table in enumerate(planner.tables):
             if planner.ready[node]:
@@ -289,7 +296,7 @@ class _Reclaims:
         busy = planner.busy[node]
         vms = planner.node_vms[node]
         version = planner.version[node]
-        blocked = [0, 0, 0, 0]
+        blocked = [0] * explain.CATEGORIES
         victims_at: dict[int, list[_Vm]] = {}
         cheapest: dict[tuple, tuple] = {}
         for block in table.by_size.get(self.size, ()):
@@ -321,7 +328,7 @@ class _Reclaims:
                 cheapest[take] = key
         self.victims[node] = victims_at
         old = self.node_blocked[node]
-        for category in range(4):
+        for category in range(explain.CATEGORIES):
             self.blocked[category] += blocked[category] - old[category]
         self.node_blocked[node] = tuple(blocked)
         for take, key in cheapest.items():
@@ -464,8 +471,11 @@ def _combined_take(victims: list[_Vm]) -> tuple:
 
 
 class _Planner:
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, *, protect: bool = True) -> None:
         self.fabric = snapshot.capacity_set.fabric
+        # VMs in their pool's protection window are no victims (rule 3a); off for the what-if
+        # that times a wait (protection.explain_waits).
+        self.protected = protection.protected_vms(snapshot) if protect else {}
         self._index_pools(snapshot)
         self._index_nodes(snapshot)
         self._index_vms(snapshot)
@@ -516,6 +526,7 @@ class _Planner:
         # GPUs no reclaim can free: failed, on-demand, under notice, or placed by this plan.
         self.fixed = list(self.failed)
         self.notified = [0] * count
+        self.protected_gpus = [0] * count
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
     def _index_vms(self, snapshot: Snapshot) -> None:
@@ -536,6 +547,10 @@ class _Planner:
                 self.replicas[deployment] += 1
             if pools[pool].kind == "on_demand":
                 self.fixed[node] |= mask  # rule 1: never preempted
+                continue
+            if vm.id in self.protected:
+                self.fixed[node] |= mask  # rule 3a: fresh work is no victim
+                self.protected_gpus[node] |= mask
                 continue
             self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
         self.held_before = list(self.held)
@@ -566,6 +581,9 @@ class _Planner:
             return explain.PLANNED
         if mask & self.notified[node]:
             return explain.NOTIFIED
+        protected = self.protected_gpus[node]
+        if mask & protected and not mask & self.fixed[node] & ~protected:
+            return explain.PROTECTED  # and by nothing else (on-demand outlasts protection)
         return explain.ON_DEMAND
 
     def _refresh(self, node: int) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from gpucap.arbiter.model import (
     FABRICS,
     MAX_NODE_GPUS,
+    MAX_PROTECT_SECONDS,
     NODE_STATES,
     POOL_KINDS,
     VM_STATES,
@@ -173,6 +174,11 @@ def _check_pools(pools: Labelled, problems: list[str]) -> dict[str, Pool]:
             by_rank[pool.rank] = pool
         if pool.floor_gpus < 0:
             problems.append(f"{label}: floor_gpus must be 0 or more, got {pool.floor_gpus}")
+        if not 0 <= pool.protect_seconds <= MAX_PROTECT_SECONDS:
+            problems.append(
+                f"{label}: protect_seconds must be 0..{MAX_PROTECT_SECONDS}, "
+                f"got {pool.protect_seconds}"
+            )
         by_name.setdefault(pool.name, pool)
     return by_name
 

@@ -92,6 +92,9 @@ def demand(demand_id: str, pool: str, gpus: int, *, group: str | None = None, mi
 
 
 POOL_KINDS = ("on_demand", "spot", "inference")
+# A pool's protect_seconds in random sets. VMs start at minutes 0-240 and sets plan at minute
+# 600, so these protect none, about a quarter, about 60 % or nearly all of a pool's VMs.
+PROTECT_CHOICES = (0, 0, 0, 420 * 60, 500 * 60, 600 * 60)
 
 
 @st.composite
@@ -120,7 +123,13 @@ def snapshots(
     ranks = list(range(1, pool_count + 1))
     names = [f"p{rank}" for rank in ranks]
     pools = [
-        Pool(name, kind, rank, draw(st.sampled_from((0, 0, 0, 0, 1, 2, 4, 8))))
+        Pool(
+            name,
+            kind,
+            rank,
+            draw(st.sampled_from((0, 0, 0, 0, 1, 2, 4, 8))),
+            draw(st.sampled_from(PROTECT_CHOICES)),
+        )
         for name, kind, rank in zip(names, kinds, ranks, strict=True)
     ]
     deployments = [

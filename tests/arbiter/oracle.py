@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 from gpucap.arbiter.model import Demand, Snapshot, Vm
 from gpucap.arbiter.planner import disruption_cost
@@ -189,7 +190,14 @@ class Oracle:
             vm.state == "running"
             and self.pools[vm.pool].kind != "on_demand"
             and self.rank[vm.pool] > self.rank[demand.pool]
+            and not self._protected(vm)
         )
+
+    def _protected(self, vm: Vm) -> bool:
+        """Rule 3a: inside its pool's protection window at the snapshot's now."""
+        now = self.snapshot.now
+        protect = timedelta(seconds=self.pools[vm.pool].protect_seconds)
+        return now is not None and now < vm.started_at + protect
 
     def cost(self, victims: tuple[str, ...]) -> tuple[int, ...]:
         return disruption_cost([self.vms[v] for v in victims], self.rank)

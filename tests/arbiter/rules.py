@@ -7,6 +7,8 @@ went wrong when it is not.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from gpucap.arbiter.model import Plan, Snapshot
 from gpucap.arbiter.topology import partition_table
 
@@ -62,6 +64,12 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
             problems.append(f"rule 1: on-demand VM {p.vm} preempted")
         if victim.state == "notified":
             problems.append(f"notified VM {p.vm} preempted again")
+        protect = timedelta(seconds=pools[victim.pool].protect_seconds)
+        if snapshot.now is not None and snapshot.now < victim.started_at + protect:
+            problems.append(
+                f"rule 3a: {p.vm} preempted while its pool {victim.pool} protects it "
+                f"(until {victim.started_at + protect})"
+            )
         served = demands.get(p.for_demand)
         if served is None:
             problems.append(f"preemption of {p.vm} serves unknown demand {p.for_demand}")
