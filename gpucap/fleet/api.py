@@ -41,6 +41,7 @@ from gpucap.fleet.models import (
     Pool,
     validate_hostname,
 )
+from gpucap.fleet.rules import PROTECT_SECONDS_MAX
 from gpucap.roles import is_operator, tenant_ids_for
 from gpucap.tenancy.models import Tenant
 
@@ -145,7 +146,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 class PoolSummarySerializer(serializers.ModelSerializer):
     class Meta:
         model = Pool
-        fields = ["id", "name", "kind", "rank", "floor_gpus"]
+        fields = ["id", "name", "kind", "rank", "floor_gpus", "protect_seconds"]
         read_only_fields = fields
 
 
@@ -213,6 +214,7 @@ class PoolSerializer(serializers.ModelSerializer):
             "fabric",
             "rank",
             "floor_gpus",
+            "protect_seconds",
             "tenants",
             "created_at",
         ]
@@ -439,12 +441,28 @@ class PoolCreateSerializer(InputSerializer):
     floor_gpus = serializers.IntegerField(
         required=False, help_text="GPUs the arbiter never reclaims this pool below (default 0)."
     )
+    protect_seconds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=PROTECT_SECONDS_MAX,
+        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
+        "reclaim it while any other plan serves the demand; a demand only such VMs could serve "
+        "waits until their protection ends. 0 (default) is off; at most 604800 (7 days).",
+    )
 
 
 class PoolUpdateSerializer(InputSerializer):
     hints = {"rank": "re-rank a set's pools with the capacity set's rerank command"}
 
     floor_gpus = serializers.IntegerField(required=False)
+    protect_seconds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=PROTECT_SECONDS_MAX,
+        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
+        "reclaim it while any other plan serves the demand; a demand only such VMs could serve "
+        "waits until their protection ends. 0 (default) is off; at most 604800 (7 days).",
+    )
     tenants = serializers.SlugRelatedField(
         many=True,
         required=False,
@@ -783,6 +801,10 @@ class PoolViewSet(FleetViewSet):
             if "floor_gpus" in data:
                 fleet.pool_set_floor(
                     pool=pool, floor_gpus=data["floor_gpus"], actor=self.request.user
+                )
+            if "protect_seconds" in data:
+                fleet.pool_set_protect(
+                    pool=pool, protect_seconds=data["protect_seconds"], actor=self.request.user
                 )
             if "tenants" in data:
                 fleet.pool_set_tenants(pool=pool, tenants=data["tenants"], actor=self.request.user)

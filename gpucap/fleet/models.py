@@ -334,6 +334,11 @@ class Pool(models.Model):
         help_text="Warning a standalone pool's VMs get before a drain or reclaim stops them. "
         "Inside a capacity set the set's notice_seconds applies.",
     )
+    protect_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
+        "reclaim it while any other plan serves the demand (0: off; at most 7 days).",
+    )
     tenants = models.ManyToManyField(
         Tenant, blank=True, related_name="pools", help_text="Tenants that may use this pool."
     )
@@ -353,6 +358,9 @@ class Pool(models.Model):
             ),
             models.CheckConstraint(condition=Q(rank__gte=1), name="pool_rank_positive"),
             models.CheckConstraint(condition=Q(floor_gpus__gte=0), name="pool_floor_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(protect_seconds__lte=604800), name="pool_protect_seconds_range"
+            ),
             models.CheckConstraint(
                 condition=Q(kind__in=["on_demand", "spot", "inference"]), name="pool_kind_valid"
             ),

@@ -13,6 +13,8 @@ from gpucap.fleet.models import HOSTNAME, HOSTNAME_RULE, INTERFACE_NAME, Fabric
 # How long a capacity set's interruption notice may be, in seconds.
 NOTICE_SECONDS_MIN = 1
 NOTICE_SECONDS_MAX = 86400
+# How long a pool may protect a VM that started or resumed from reclaims, in seconds (0: off).
+PROTECT_SECONDS_MAX = 7 * 24 * 3600
 # The smallest guest subnet: /30 holds the gateway and one guest.
 GUEST_PREFIX_MAX = 30
 
@@ -25,6 +27,20 @@ def node_partitions_problems(
     if fabric != Fabric.NVSWITCH:
         return ["only NVSwitch nodes carry a partition table"]
     return partition_table_problems(partitions, gpu_count, names=names)
+
+
+def protect_seconds_problem(protect_seconds: object) -> str:
+    """Why ``protect_seconds`` cannot be a pool's protection window, or ""."""
+    if (
+        not isinstance(protect_seconds, int)
+        or isinstance(protect_seconds, bool)
+        or not 0 <= protect_seconds <= PROTECT_SECONDS_MAX
+    ):
+        return (
+            f"must be a whole number of seconds from 0 (off) to {PROTECT_SECONDS_MAX} (7 days), "
+            f"got {protect_seconds!r}"
+        )
+    return ""
 
 
 def hostname_problem(hostname: object) -> str:

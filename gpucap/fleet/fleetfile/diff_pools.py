@@ -151,7 +151,8 @@ class PoolsDiff:
                 "pool",
                 spec.name,
                 f"{spec.kind}, {where_to}, rank {spec.rank}, floor {spec.floor_gpus} GPUs, "
-                f"tenants {tenants}",
+                + (f"protects VMs for {spec.protect_seconds} s, " if spec.protect_seconds else "")
+                + f"tenants {tenants}",
             )
             self._step("pools", spec.where, "pool_create", spec=spec, rank=create_rank)
             if spec.tenants:
@@ -170,6 +171,15 @@ class PoolsDiff:
             details.append(f"floor_gpus {pool.floor_gpus} -> {spec.floor_gpus}")
             phase = "floors_down" if spec.floor_gpus < pool.floor_gpus else "floors_up"
             self._step(phase, spec.where, "pool_set_floor", pool=pool, floor_gpus=spec.floor_gpus)
+        if pool.protect_seconds != spec.protect_seconds:
+            details.append(f"protect_seconds {pool.protect_seconds} -> {spec.protect_seconds}")
+            self._step(
+                "floors_up",
+                spec.where,
+                "pool_set_protect",
+                pool=pool,
+                protect_seconds=spec.protect_seconds,
+            )
         now = tuple(sorted(t.slug for t in pool.tenants.all()))
         if now != spec.tenants:
             details.append(f"tenants {', '.join(now) or 'none'} -> {tenants}")

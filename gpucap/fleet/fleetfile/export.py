@@ -167,6 +167,8 @@ def _export_pools() -> list:
             entry["fabric"] = pool.fabric
         entry["rank"] = pool.rank
         entry["floor_gpus"] = pool.floor_gpus
+        if pool.protect_seconds:
+            entry["protect_seconds"] = pool.protect_seconds
         slugs = [t.slug for t in pool.tenants.all()]
         if slugs:
             entry["tenants"] = _flow(slugs)

@@ -224,7 +224,8 @@ class PoolEntry(Entry):
     label_key = "name"
     report_order = (
         *("name", "tenants", "kind", "cluster", "capacity_set", "gpu_model"),
-        *("fabric", "rank", "floor_gpus", "rank:twice", "gpu_model:standalone"),
+        *("fabric", "rank", "floor_gpus", "protect_seconds", "rank:twice"),
+        "gpu_model:standalone",
         "fabric:standalone",
     )
     name: Slug
@@ -236,6 +237,7 @@ class PoolEntry(Entry):
     fabric: _one_of(Fabric.values) | None = None
     rank: _whole(1)
     floor_gpus: _whole(0) = 0
+    protect_seconds: _whole(0, rules.PROTECT_SECONDS_MAX) = 0
     tenants: list = []  # tenant slugs
 
 
@@ -336,6 +338,7 @@ def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
             fabric=p.fabric,
             rank=p.rank,
             floor_gpus=p.floor_gpus,
+            protect_seconds=p.protect_seconds,
             tenants=tuple(sorted(p.tenants)),
         )
         for i, p in enumerate(document.pools)

@@ -99,6 +99,7 @@ class PoolSpec:
     fabric: str | None
     rank: int
     floor_gpus: int
+    protect_seconds: int
     tenants: tuple[str, ...]
 
 

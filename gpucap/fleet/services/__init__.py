@@ -44,6 +44,7 @@ from gpucap.fleet.services.pools import (
     pool_delete,
     pool_rerank,
     pool_set_floor,
+    pool_set_protect,
     pool_set_tenants,
 )
 
@@ -80,5 +81,6 @@ __all__ = [
     "pool_delete",
     "pool_rerank",
     "pool_set_floor",
+    "pool_set_protect",
     "pool_set_tenants",
 ]

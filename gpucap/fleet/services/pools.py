@@ -20,6 +20,7 @@ def pool_create(
     capacity_set: CapacitySet | None = None,
     rank: int,
     floor_gpus: int = 0,
+    protect_seconds: int = 0,
     gpu_model: str = "",
     fabric: str = "",
     actor: Actor = None,
@@ -65,6 +66,8 @@ def pool_create(
     elif _rank_taken(cluster=cluster, capacity_set=capacity_set, rank=rank):
         where = f"capacity set {capacity_set.name}" if capacity_set else f"cluster {cluster.name}"
         errors["rank"] = f"rank {rank} is already used by another pool in {where}"
+    if problem := rules.protect_seconds_problem(protect_seconds):
+        errors["protect_seconds"] = problem
     if errors:
         raise ValidationError(errors)
     _check_floor(
@@ -77,6 +80,7 @@ def pool_create(
         capacity_set=capacity_set,
         rank=rank,
         floor_gpus=floor_gpus,
+        protect_seconds=protect_seconds,
         gpu_model=gpu_model,
         fabric=fabric,
     )
@@ -92,6 +96,7 @@ def pool_create(
             "fabric": fabric,
             "rank": rank,
             "floor_gpus": floor_gpus,
+            "protect_seconds": protect_seconds,
         },
     )
     return pool
@@ -141,6 +146,28 @@ def pool_set_floor(*, pool: Pool, floor_gpus: int, actor: Actor = None) -> Pool:
         "floor_gpus",
         floor_gpus,
         verb="pool.set_floor",
+        actor=actor,
+        capacity_set_id=pool.capacity_set_id,
+    )
+
+
+@transaction.atomic
+def pool_set_protect(*, pool: Pool, protect_seconds: int, actor: Actor = None) -> Pool:
+    """Protect the pool's VMs from reclaims for ``protect_seconds`` after they start or resume
+    (0: off). The set is planned again: waits and victims may change."""
+    if problem := rules.protect_seconds_problem(protect_seconds):
+        raise ValidationError({"protect_seconds": problem})
+    pool = Pool.objects.select_related("capacity_set").get(pk=pool.pk)
+    if pool.capacity_set is not None:
+        lock_set(pool.capacity_set)
+    pool = (
+        Pool.objects.select_for_update(of=("self",)).select_related("capacity_set").get(pk=pool.pk)
+    )
+    return field_change(
+        pool,
+        "protect_seconds",
+        protect_seconds,
+        verb="pool.set_protect",
         actor=actor,
         capacity_set_id=pool.capacity_set_id,
     )
