@@ -97,6 +97,7 @@ class PlanActionSerializer(serializers.ModelSerializer):
             "group",
             "running_since",
             "reason",
+            "waits_until",
             "progress",
             "progress_message",
         ]

@@ -135,6 +135,12 @@ class PlanAction(models.Model):
     group = models.CharField(max_length=128, blank=True)
     running_since = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
+    waits_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Unsatisfied demands that only VMs their pool protects could serve (a pool's "
+        "protect_seconds): when that protection ends. The set is planned again then.",
+    )
     progress = models.CharField(max_length=16, choices=Progress.choices, blank=True)
     progress_message = models.TextField(blank=True)
 

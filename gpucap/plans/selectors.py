@@ -84,6 +84,23 @@ class PoolBar:
     def change(self) -> int:
         return self.after_gpus - self.held_gpus
 
+    @property
+    def protects(self) -> str:
+        """The pool's protection window in words ("10 min"), or "" when it protects nothing."""
+        return duration_words(self.pool.protect_seconds)
+
+
+def duration_words(seconds: int) -> str:
+    """A whole number of seconds as a person says it: "45 s", "10 min", "1 h 30 min", "2 d"."""
+    if not seconds:
+        return ""
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}")
+    return " ".join(parts)
+
 
 def pool_bars(
     *, capacity_set: CapacitySet, pools: list[Pool], plan: Plan | None, gpu_total: int

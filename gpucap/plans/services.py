@@ -52,7 +52,7 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot
-from gpucap.plans.triggers import replan_soon
+from gpucap.plans.triggers import replan_soon, wake_at
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
 
@@ -133,7 +133,11 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
     nothing, found again exactly as the latest one, folds into it (its ``replans`` count) and
     is neither stored as a new row nor applied nor audited."""
     latest = latest_plan(capacity_set=capacity_set)
-    if latest is not None and latest.generation == _generation(capacity_set.pk):
+    if (
+        latest is not None
+        and latest.generation == _generation(capacity_set.pk)
+        and not _protection_ended(latest)
+    ):
         return latest  # nothing a plan depends on changed since
     snap = consistent_snapshot(capacity_set)
     started = timezone.now()
@@ -167,6 +171,7 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         planning_ms=elapsed_ms,
     )
     PlanAction.objects.bulk_create(plan_actions(plan, snap, result))
+    _wake_when_protection_ends(capacity_set, result)
     at_risk_follow(capacity_set=capacity_set)
     metrics.shared_count_on_commit(metrics.PLANS_MADE, set=capacity_set.name, mode=plan.mode)
     logger.info(
@@ -179,6 +184,19 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         plan.unsatisfied,
     )
     return plan
+
+
+def _protection_ended(plan: Plan) -> bool:
+    """Whether a demand of ``plan`` waited for protection that has ended since: time, not the
+    generation, changed what the set's plan would be."""
+    return plan.actions.filter(kind=Kind.UNSATISFIED, waits_until__lte=timezone.now()).exists()
+
+
+def _wake_when_protection_ends(capacity_set: CapacitySet, result: am.Plan) -> None:
+    """Plan the set again the moment the first protection a demand waits for ends."""
+    waits = [entry.waits_until for entry in result.unsatisfied if entry.waits_until is not None]
+    if waits:
+        wake_at("plans.replan", capacity_set.pk, min(waits))
 
 
 def _leaves_same(latest: Plan, snap: SetSnapshot, result: am.Plan) -> bool:
@@ -318,6 +336,7 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
                 unsatisfied.demand,
                 group=unsatisfied.group,
                 reason=unsatisfied.reason,
+                waits_until=unsatisfied.waits_until,
             )
         )
     return actions

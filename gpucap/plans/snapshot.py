@@ -10,7 +10,8 @@ One translation serves both places the arbiter plans:
 What goes in:
 
 - nodes with their partition tables, state and failed GPUs;
-- pools with rank and floor;
+- pools with rank, floor and protection window (``protect_seconds``; a VM is protected from its
+  latest start or resume: ``started_at``, or the snapshot's ``now`` while it is provisioning);
 - every VM holding GPUs on these nodes: ``running`` (provisioning or running) or ``notified``
   (under notice or stopping: leaving, its GPUs reserved, never a victim again). A VM of a pool
   outside the snapshot (placed by hand, or left when a node changed sets) enters under the
@@ -196,7 +197,11 @@ class LiveCapacity:
         vms.extend(self._reservations(pools, nodes))
         snapshot_pools = [
             am.Pool(
-                name=pool.name, kind=pool_kind(pool), rank=pool.rank, floor_gpus=pool.floor_gpus
+                name=pool.name,
+                kind=pool_kind(pool),
+                rank=pool.rank,
+                floor_gpus=pool.floor_gpus,
+                protect_seconds=pool.protect_seconds,
             )
             for pool in pools.values()
         ]
@@ -248,7 +253,11 @@ class LiveCapacity:
                 pool=pools[vm.pool_id].name if vm.pool_id in pools else OTHER_POOLS,
                 node=nodes.nodes[node_id].hostname,
                 gpus=tuple(sorted(gpus)),
-                started_at=vm.started_at or self.now,
+                # A VM being provisioned is starting or resuming now (its started_at is still
+                # the last run's): that is when its pool's protection window opens.
+                started_at=(
+                    vm.started_at if vm.started_at and vm.state != State.PROVISIONING else self.now
+                ),
                 state=SNAPSHOT_STATE[vm.state],
                 tenant=vm.tenant.slug,
                 deployment=self._deployment_of(vm, pools, pool_kind),

@@ -44,6 +44,7 @@ from gpucap.arbiter import model as am
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Node, Pool
 from gpucap.plans.snapshot import Hardware, LiveCapacity
+from gpucap.plans.triggers import wake_at
 from gpucap.rentals import jobs, services
 from gpucap.rentals.models import VirtualMachine
 
@@ -176,6 +177,9 @@ def _apply(fleet: LiveCapacity, plan: am.Plan, result: PlacementResult) -> None:
         vm = by_instance[unsatisfied.demand]
         logger.info("%s stays pending: %s", vm.instance_id, unsatisfied.reason)
         result.unsatisfied.append(Unplaced(vm_id=vm.pk, reason=unsatisfied.reason))
+    waits = [entry.waits_until for entry in plan.unsatisfied if entry.waits_until is not None]
+    if waits:  # place again the moment the first protection a VM waits for ends
+        wake_at("rentals.standalone_place", result.cluster_id, min(waits))
 
 
 class _GroupMissed(Exception):
