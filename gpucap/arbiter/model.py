@@ -7,8 +7,9 @@ Beyond section 7 the snapshot accepts these optional fields (all with defaults, 
 file is read unchanged):
 
 - top level ``"now"``: ISO 8601 time the plan is made for. The planner never reads the clock;
-  the CLI fills in the current UTC time when the file has none. ``now`` only feeds the running
-  times that ``explain`` prints; the plan JSON does not depend on it.
+  the CLI fills in the current UTC time when the file has none. ``now`` decides which VMs a
+  pool's ``protect_seconds`` protects (below) and feeds the running times that ``explain``
+  prints; without protection windows the plan JSON does not depend on it.
 - VM ``"state"``: ``"running"`` (default) or ``"notified"``. A notified VM already has an
   interruption notice: it is never chosen as a victim again, and its GPUs are not free (they
   are reserved for the placement that preempted it). It no longer counts towards its pool's
