@@ -474,8 +474,18 @@ class _Planner:
     def __init__(self, snapshot: Snapshot, *, protect: bool = True) -> None:
         self.fabric = snapshot.capacity_set.fabric
         # VMs in their pool's protection window are no victims (rule 3a); off for the what-if
-        # that times a wait (protection.explain_waits).
+        # that times a wait (protection.explain_waits). A VM no demand outranks is left to
+        # rule 3, so that a wait for it is explained by rank.
         self.protected = protection.protected_vms(snapshot) if protect else {}
+        if self.protected:
+            rank = {pool.name: pool.rank for pool in snapshot.pools}
+            best = min((rank[demand.pool] for demand in snapshot.demands), default=None)
+            pools = {vm.id: vm.pool for vm in snapshot.vms}
+            self.protected = {
+                vm: end
+                for vm, end in self.protected.items()
+                if best is not None and rank[pools[vm]] > best
+            }
         self._index_pools(snapshot)
         self._index_nodes(snapshot)
         self._index_vms(snapshot)

@@ -11,7 +11,9 @@ more with protection ignored; a group left waiting by the real plan but served b
 waits for protection, and its ``waits_until`` is the latest protection end among the protected
 VMs that plan preempts for it or for a group served before it (those choices come first in the
 order of service; once all their protection has ended, the same choices are legal). The time
-comes from the snapshot alone: no clock is read, so the plan stays a pure function.
+comes from the snapshot alone: no clock is read, so the plan stays a pure function. The second plan
+is made only when some protected VM ranks below some waiting demand (otherwise rule 3 alone
+keeps them apart); it doubles the planning time of such a snapshot.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def explain_waits(snapshot: Snapshot, plan: Plan, unprotected: Callable[[], Plan
     protected = protected_vms(snapshot)
     if not plan.unsatisfied or not protected:
         return plan
+    rank = {pool.name: pool.rank for pool in snapshot.pools}
+    demand_pool = {demand.id: demand.pool for demand in snapshot.demands}
+    best_waiting = min(rank[demand_pool[entry.demand]] for entry in plan.unsatisfied)
+    vm_rank = {vm.id: rank[vm.pool] for vm in snapshot.vms}
+    if all(vm_rank[vm_id] <= best_waiting for vm_id in protected):
+        return plan  # no waiting demand may reclaim a protected VM (rule 3): not their waits
     ignoring = unprotected()
     groups = {demand.id: demand.group for demand in snapshot.demands}
     vm_pool = {vm.id: vm.pool for vm in snapshot.vms}

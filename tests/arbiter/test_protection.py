@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpucap.arbiter import dump_plan, load_snapshot, plan, snapshot_problems
 from gpucap.arbiter.codec import SnapshotError, snapshot_from_dict, snapshot_to_dict
 from gpucap.arbiter.model import Pool, Snapshot
-from gpucap.arbiter.protection import protected_vms
+from gpucap.arbiter.protection import explain_waits, protected_vms
 from tests.arbiter.fleets import at, demand, snapshot, snapshots, standard_pools, vm
 from tests.arbiter.rules import rule_violations
 
@@ -265,3 +265,26 @@ def test_time_past_the_protection_of_every_vm_plans_as_without_protection():
     snap = two_spot_vms()
     later = dataclasses.replace(snap, now=snap.now + timedelta(seconds=TEN_MINUTES))
     assert dump_plan(plan(later)) == dump_plan(plan(unprotected(later)))
+
+
+def test_a_wait_no_protected_vm_could_end_is_not_planned_twice():
+    """Only chat (rank 1) protects, and the waiting demand is rent's (rank 2): rule 3 keeps it
+    from chat's VMs anyway, so no plan without protection is made to time the wait."""
+    pools = [
+        dataclasses.replace(pool, protect_seconds=TEN_MINUTES) if pool.name == "chat" else pool
+        for pool in standard_pools()
+    ]
+    snap = two_spot_vms(
+        pools=pools,
+        vms=[vm("replica", "chat", "n001", tuple(range(8)), minute=598)],
+        demands=[demand("d1", "rent", 8)],
+    )
+    result = plan(snap)
+    assert protected_vms(snap) == {"replica": at(608)}
+    (waiting,) = result.unsatisfied
+    assert waiting.waits_until is None and "rank" in waiting.reason
+
+    def second_plan():
+        raise AssertionError("planned again without protection")
+
+    assert explain_waits(snap, result, second_plan) is result
