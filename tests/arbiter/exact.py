@@ -7,7 +7,8 @@ disruptive legal way to serve exactly those groups, jointly, whatever the order 
   ready node, with no failed GPU, no GPU of an on-demand or notified VM, and no GPU twice;
 - a VM holding a GPU of a taken partition is preempted (its other GPUs become free capacity);
 - a victim is legal when it ranks strictly below at least one placement that takes one of its
-  GPUs (rules 1, 3 and DESIGN's reading of rule 4: on-demand and notified VMs never);
+  GPUs (rules 1, 3 and DESIGN's reading of rule 4: on-demand and notified VMs never) and is
+  not protected (rule 3a, docs/arbiter.md);
 - floors and ``min_replicas`` hold over the whole plan (rule 2).
 
 Rule 6 (free capacity first, per group) and the order of service (rule 8) are relaxed: the
@@ -28,6 +29,7 @@ progress lost with the first two fixed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import highspy
 import numpy as np
@@ -122,11 +124,14 @@ class _Program:
         for vm in snapshot.vms:
             for index in vm.gpus:
                 holder[(vm.node, index)] = vm
-        # Victim columns: running VMs that are not on-demand.
+        # Victim columns: running VMs that are not on-demand, nor protected (rule 3a: started
+        # or resumed less than their pool's protect_seconds before the snapshot's now).
         self.victims = [
             vm
             for vm in snapshot.vms
-            if vm.state == "running" and pools[vm.pool].kind != "on_demand"
+            if vm.state == "running"
+            and pools[vm.pool].kind != "on_demand"
+            and not _protected(vm, pools[vm.pool], snapshot.now)
         ]
         victim_column = {vm.id: column for column, vm in enumerate(self.victims)}
         columns = len(self.victims)
@@ -294,6 +299,14 @@ class _Program:
         assert status == highspy.HighsModelStatus.kOptimal, highs.modelStatusToString(status)
         solution = np.array(highs.getSolution().col_value)
         return highs.getInfo().objective_function_value, solution
+
+
+def _protected(vm: Vm, pool, now: datetime | None) -> bool:
+    return (
+        now is not None
+        and pool.protect_seconds > 0
+        and now < vm.started_at + timedelta(seconds=pool.protect_seconds)
+    )
 
 
 def least_disruption(snapshot: Snapshot, groups: set[str]) -> Disruption | None:
