@@ -4,37 +4,46 @@ The planner serves groups one at a time (rule 8's order) and gives each its leas
 legal placement given what the earlier groups took. That can cost more over the whole plan than
 needed: an earlier group takes the cheap reclaim a later group needed, or free capacity that
 would have spared a later group a reclaim, and the later group then preempts more, or from a
-more important pool. Rule 8 says the order of service decides who is served, not how badly:
-rule 7 is judged over the whole plan, against the best legal plan serving the same demands.
+more important pool; or a group takes eight GPUs of the lowest-ranked pool where two of a pool
+the plan already touches would do (rule 7 for that group alone prefers the lower pool, but over
+the whole plan the most important pool touched is the same and fewer GPUs go). Rule 8 says the
+order of service decides who is served, not how badly: rule 7 is judged over the whole plan,
+against the best legal plan serving the same demands.
 
-`whole_plan` looks for such a plan by re-planning with the groups served in other orders. Each
-re-plan is the planner itself (with its own legality machinery, whatever rules it learns), so
-every candidate keeps every rule the planner keeps. It is a local search: from the best plan so
-far it tries, in this order, the whole order reversed (lowest-ranked groups first, as they may
-reclaim from fewer pools; this alone mends most plans that touched a pool they need not have),
-each group moved to the front, each moved to the back, and each pair of groups swapped; it
-moves to the first candidate that is strictly less disruptive and serves exactly the same
-demands, and starts again from there. A candidate serving other demands is never taken, so who
-is served stays rule 8's answer.
+`whole_plan` looks for such a plan by a large-neighbourhood search. Each candidate is the
+planner itself, re-run with the groups served in another order and some running VMs "spared"
+(illegal victims, like on-demand ones), so every candidate keeps every rule the planner keeps.
+From the best plan so far it tries, in this order (`_moves`):
+
+1. sparing every VM of the most important pool the plan touches and of the pools above it:
+   a plan that still serves the same demands touches only less important pools;
+2. sparing the plan's victims from pools below that one: the groups then reclaim elsewhere,
+   often fewer GPUs of the pool already touched;
+3. the order of service reversed (lowest-ranked groups first: they may reclaim from fewer
+   pools);
+4. sparing one group's victims (groups with the most preempted GPUs first);
+5. each group moved to the front, then each moved to the back.
+
+It moves to the first candidate that is strictly less disruptive and serves exactly the same
+demands, and starts again from there (spared VMs stay spared). A candidate serving other
+demands is never taken, so who is served stays rule 8's answer; the unsatisfied demands and
+their reasons are the first plan's (a candidate's reasons would blame spared VMs).
 
 Disruption over a plan is `plan_cost`: the planner's rule-7 key (`planner.disruption_cost`)
 over all the plan's victims. Only a strictly smaller key replaces a plan, so the first plan
-wins every tie and the result is deterministic. The search runs only where it is cheap: sets of
-up to `MAX_READY_NODES` ready nodes whose first plan preempts, with at least two groups; a
-re-plan there costs milliseconds to a few tens of them, and `MAX_REPLANS` bounds the work (on
-tests/arbiter/contested.py's sets of up to 64 nodes: about 50 ms a plan on average, 1.5 s at
-most). Larger sets keep the planner's first plan.
+wins every tie and the result is deterministic. The work is bounded without a clock (`_Work`): a
+re-plan counts its set's ready nodes times its groups plus the search states it expanded, and a
+plan gets `WORK_BUDGET` of that. The search runs on sets of up to
+`MAX_READY_NODES` ready nodes whose first plan preempts; larger sets keep the planner's plan.
 
-Measured against the exact optimum (tests/arbiter/test_exact_disruption.py, 320 random sets of
-up to 64 nodes): without this pass plans were 12x the optimum on average (31x over the sets
-with victims), and the worst 1,059x (a plan that touched a pool the optimum spares); with it,
-1.0055x on average (1.015x over the sets with victims) and 1.33x at worst.
+Measured against the exact optimum (tests/arbiter/test_exact_disruption.py, 400 random contested
+sets of up to 64 nodes, both fabrics): see the figures in that test's docstring.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from gpucap.arbiter.model import Plan, Snapshot
@@ -44,8 +53,12 @@ _MICROSECOND = timedelta(microseconds=1)
 
 # Sets with more ready nodes keep the planner's plan (large sets must plan fast).
 MAX_READY_NODES = 64
-# At most this many re-plans per plan.
-MAX_REPLANS = 64
+# The work a plan's search may do (see `_Work`): a re-plan counts ready nodes x groups plus the
+# search states it expanded (a unit is about 20-60 µs here, so about 0.1-0.3 s in all).
+WORK_BUDGET = 4000
+MAX_REPLANS = 48
+
+Replan = Callable[[list[str], frozenset[str]], tuple[Plan, int]]
 
 
 def plan_cost(plan: Plan, rank: Mapping[str, int], started: Mapping[str, int]) -> tuple:
@@ -68,52 +81,110 @@ def whole_plan(
     *,
     order: list[str],
     ready_nodes: int,
-    replan: Callable[[list[str]], Plan],
+    states: int,
+    replan: Replan,
 ) -> Plan:
     """The least disruptive plan found that serves the same demands as ``first`` (made with
-    the groups in ``order``), re-planning with ``replan(order)``; ``first`` itself when none is
-    better."""
-    if not first.preemptions or len(order) < 2 or ready_nodes > MAX_READY_NODES:
+    the groups in ``order``, expanding ``states`` search states), re-planning with
+    ``replan(order, spared)`` (a plan and the search states it expanded); ``first`` itself
+    when none is better."""
+    if not first.preemptions or ready_nodes > MAX_READY_NODES:
         return first
     rank = {pool.name: pool.rank for pool in snapshot.pools}
     started = {vm.id: (vm.started_at - _EPOCH) // _MICROSECOND for vm in snapshot.vms}
     served = _served(first)
-    best = (plan_cost(first, rank, started), first, order)
-    tried = {tuple(order)}
-    replans = 0
+    group_of = {demand.id: demand.group for demand in snapshot.demands}
+    best = (plan_cost(first, rank, started), first, order, frozenset())
+    tried = {(tuple(order), frozenset[str]())}
+    work = _Work(ready_nodes * len(order), states)
     improved = True
-    while improved and replans < MAX_REPLANS:
+    while improved and work.left():
         improved = False
-        for candidate in _neighbours(best[2]):
-            if tuple(candidate) in tried:
-                continue
-            if replans == MAX_REPLANS:
+        for candidate, spared in _moves(snapshot, rank, best[1], best[2], best[3]):
+            follow = [(candidate, spared, True)]
+            while follow and work.left():
+                candidate, spared, first_try = follow.pop()
+                if (tuple(candidate), spared) in tried:
+                    continue
+                tried.add((tuple(candidate), spared))
+                result, states = replan(candidate, spared)
+                work.spend(states)
+                if _served(result) != served:
+                    # Groups the candidate no longer serves may fit if served first.
+                    lost = sorted({group_of[d] for d in served - _served(result)})
+                    if first_try and lost != candidate[: len(lost)]:
+                        rest = [group for group in candidate if group not in lost]
+                        follow.append(([*lost, *rest], spared, False))
+                    continue
+                cost = plan_cost(result, rank, started)
+                if cost < best[0]:
+                    best = (cost, result, candidate, spared)
+                    improved = True
+            if improved or not work.left():
                 break
-            tried.add(tuple(candidate))
-            replans += 1
-            result = replan(candidate)
-            if _served(result) != served:
-                continue
-            cost = plan_cost(result, rank, started)
-            if cost < best[0]:
-                best = (cost, result, candidate)
-                improved = True
-                break
-    return best[1]
+    if best[1] is first:
+        return first
+    return replace(best[1], unsatisfied=first.unsatisfied)
 
 
-def _neighbours(order: list[str]) -> list[list[str]]:
-    """The whole order reversed (lowest-ranked groups first: they may reclaim from fewer
-    pools), then each group moved to the front, then each moved to the back, then each pair of
-    groups swapped."""
-    fronts = [[group, *order[:index], *order[index + 1 :]] for index, group in enumerate(order)]
-    backs = [[*order[:index], *order[index + 1 :], group] for index, group in enumerate(order)]
-    swaps = []
-    for first, second in itertools.combinations(range(len(order)), 2):
-        swapped = list(order)
-        swapped[first], swapped[second] = swapped[second], swapped[first]
-        swaps.append(swapped)
-    return [order[::-1], *fronts[1:], *backs[:-1], *swaps]
+class _Work:
+    """The search's work, counted without a clock: a re-plan costs its set's ready nodes times
+    its groups plus the search states it expanded (each unit about 20-60 µs here). A re-plan
+    is made only while the work so far plus the next one's, estimated as the largest re-plan
+    so far (the first plan's before any), stays within `WORK_BUDGET`; `MAX_REPLANS` at most.
+    So the work exceeds the budget by at most one re-plan's search (`planner._SEARCH_BUDGET`
+    states per group)."""
+
+    def __init__(self, per_replan: int, first_states: int) -> None:
+        self.per_replan = per_replan
+        self.next = per_replan + first_states
+        self.spent = 0
+        self.replans = 0
+
+    def left(self) -> bool:
+        return self.replans < MAX_REPLANS and self.spent + self.next <= WORK_BUDGET
+
+    def spend(self, states: int) -> None:
+        self.replans += 1
+        self.spent += self.per_replan + states
+        self.next = max(self.next if self.replans > 1 else 0, self.per_replan + states)
+
+
+def _moves(
+    snapshot: Snapshot,
+    rank: Mapping[str, int],
+    plan: Plan,
+    order: list[str],
+    spared: frozenset[str],
+) -> Iterator[tuple[list[str], frozenset[str]]]:
+    """The candidates around a plan, as (order of service, spared VM ids), in the order of
+    the module docs."""
+    victims = plan.preemptions
+    top = min(rank[p.pool] for p in victims)
+    level = spared | {vm.id for vm in snapshot.vms if rank[vm.pool] <= top}
+    yield order, level
+    yield order[::-1], level
+    group_of = {demand.id: demand.group for demand in snapshot.demands}
+    by_group: dict[str, list] = {}
+    for preemption in victims:
+        by_group.setdefault(group_of[preemption.for_demand], []).append(preemption)
+    below = {vm.id for vm in snapshot.vms if rank[vm.pool] > top}
+    lower_gpus = {
+        group: sum(len(p.gpus) for p in taken if rank[p.pool] > top)
+        for group, taken in by_group.items()
+    }
+    for group in sorted(by_group, key=lambda g: (-lower_gpus[g], g)):
+        if lower_gpus[group]:
+            others = {p.vm for g, taken in by_group.items() if g != group for p in taken}
+            yield order, spared | (below - others)
+    yield order[::-1], spared
+    for group in sorted(by_group, key=lambda g: (-sum(len(p.gpus) for p in by_group[g]), g)):
+        yield order, spared | {p.vm for p in by_group[group]}
+    for index, group in enumerate(order):
+        if index:
+            yield [group, *order[:index], *order[index + 1 :]], spared
+    for index, group in enumerate(order[:-1]):
+        yield [*order[:index], *order[index + 1 :], group], spared
 
 
 def _served(plan: Plan) -> frozenset[str]:

@@ -57,7 +57,8 @@ its placements are tentative until the last demand fits, and are rolled back oth
    is below every rule: it changes where such a VM lands, never who is served or preempted.
 
 5. Whole plan (`improve.whole_plan`): on sets of up to 64 ready nodes, a plan that preempts is
-   re-planned with its groups served in other orders, and the least disruptive plan (rule 7
+   re-planned with its groups served in other orders and some VMs spared (`_Planner`'s
+   ``spared``: illegal victims), within a work budget, and the least disruptive plan (rule 7
    over all its victims) that serves exactly the same demands is kept (rule 8: the order of
    service decides who is served, not how badly).
 
@@ -130,12 +131,21 @@ def plan(snapshot: Snapshot) -> Plan:
         first,
         order=planner.order,
         ready_nodes=len(planner.ready_nodes),
-        replan=lambda order: _Planner(snapshot).run(order),
+        states=sum(expanded for expanded, _ in planner.searches),
+        replan=lambda order, spared: _replan(snapshot, order, spared),
     )
     # Waits that protection causes say until when (rule 3a, protection.py).
     return protection.explain_waits(
         snapshot, result, lambda: _Planner(snapshot, protect=False).run()
     )
+
+
+def _replan(snapshot: Snapshot, order: list[str], spared: frozenset[str]) -> tuple[Plan, int]:
+    """A plan with groups served in ``order`` and ``spared`` VMs kept, and the search states
+    it expanded (`improve.whole_plan` counts its work with them)."""
+    planner = _Planner(snapshot, spared=spared)
+    result = planner.run(order)
+    return result, sum(expanded for expanded, _ in planner.searches)
 
 
 def disruption_cost(victims: Iterable[Vm], pool_rank: Mapping[str, int]) -> tuple[int, ...]:
@@ -471,7 +481,11 @@ def _combined_take(victims: list[_Vm]) -> tuple:
 
 
 class _Planner:
-    def __init__(self, snapshot: Snapshot, *, protect: bool = True) -> None:
+    def __init__(
+        self, snapshot: Snapshot, *, protect: bool = True, spared: frozenset[str] = frozenset()
+    ) -> None:
+        """``spared``: ids of running VMs this plan must not preempt (`improve.whole_plan`
+        asks how a plan looks without some victims); their GPUs stay busy, like on-demand."""
         self.fabric = snapshot.capacity_set.fabric
         # VMs in their pool's protection window are no victims (rule 3a); off for the what-if
         # that times a wait (protection.explain_waits). A VM no demand outranks is left to
@@ -488,7 +502,7 @@ class _Planner:
             }
         self._index_pools(snapshot)
         self._index_nodes(snapshot)
-        self._index_vms(snapshot)
+        self._index_vms(snapshot, spared)
         self.demands = snapshot.demands
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -539,7 +553,7 @@ class _Planner:
         self.protected_gpus = [0] * count
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
-    def _index_vms(self, snapshot: Snapshot) -> None:
+    def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
         pools = self.pools
         for vm in snapshot.vms:
             pool = self.pool_index[vm.pool]
@@ -555,8 +569,8 @@ class _Planner:
             if vm.deployment is not None:
                 deployment = self.deployment_index[vm.deployment]
                 self.replicas[deployment] += 1
-            if pools[pool].kind == "on_demand":
-                self.fixed[node] |= mask  # rule 1: never preempted
+            if pools[pool].kind == "on_demand" or vm.id in spared:
+                self.fixed[node] |= mask  # rule 1: never preempted (or spared: see __init__)
                 continue
             if vm.id in self.protected:
                 self.fixed[node] |= mask  # rule 3a: fresh work is no victim

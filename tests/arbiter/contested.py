@@ -3,8 +3,10 @@
 `contested_set(rng, fabric)` makes a busy set where most groups need reclaims: nodes with their
 own partition tables (default, HGX non-adjacent pairs, crossed), a few cordoned or down nodes
 and failed GPUs, four or five ranked pools (one on-demand, inference with deployments and
-min_replicas, spot tiers) with floors, running and notified VMs filling most GPUs, and pending
-gang groups of 1-4 demands from several pools. Seeded: the same ``rng`` state, the same set.
+min_replicas, spot tiers) with floors, running and notified VMs filling most GPUs (PCIe nodes
+as full as NVSwitch ones), and pending gang groups of 1-4 demands (1-6 single cards on PCIe)
+from several pools that ask for 1.2 to 3 times the free GPUs, so most sets of both fabrics need
+reclaims. Seeded: the same ``rng`` state, the same set.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ def contested_set(rng: random.Random, fabric: str) -> Snapshot:
         if pool.kind == "inference"
     ]
     nodes = [_node(rng, fabric, index) for index in range(node_count)]
-    fill = rng.choice((0.7, 0.85, 0.95, 1.0))
+    fill = rng.choice((0.8, 0.9, 1.0) if fabric == "pcie" else (0.7, 0.85, 0.95, 1.0))
     vms: list[Vm] = []
+    free = 0  # GPUs of ready nodes that no VM holds and that have not failed
     for node in nodes:
         table = partition_table(node, fabric)
         used: set[int] = set()
-        for _ in range(12):
+        # A PCIe node's table is its single cards: try each about four times, so it fills
+        # about as full as an NVSwitch node.
+        for _ in range(12 if fabric == "nvswitch" else 4 * node.gpus):
             block = rng.choice(table)
             if used & set(block) or rng.random() > fill:
                 continue
@@ -53,7 +58,9 @@ def contested_set(rng: random.Random, fabric: str) -> Snapshot:
                     tenant=None,
                 )
             )
-    demands = _demands(rng, fabric, pools, node_count)
+        if node.state == "ready":
+            free += node.gpus - len(used | set(node.failed_gpus))
+    demands = _demands(rng, fabric, pools, node_count, free)
     return Snapshot(
         capacity_set=CapacitySet(name="contested", fabric=fabric, gpu_model="H100"),
         nodes=tuple(nodes),
@@ -90,14 +97,23 @@ def _node(rng: random.Random, fabric: str, index: int) -> Node:
     return Node(name, gpus, state, failed, partitions)
 
 
-def _demands(rng: random.Random, fabric: str, pools: list[Pool], node_count: int) -> list:
+def _demands(
+    rng: random.Random, fabric: str, pools: list[Pool], node_count: int, free: int
+) -> list:
+    """Gang groups from every pool but the lowest, asking in all for more GPUs than are free
+    (1.2 to 3 times, at least 2 GPUs more), so most sets need reclaims; at most a quarter as
+    many groups as nodes (at least 2)."""
     sizes = (1,) if fabric == "pcie" else (1, 1, 2, 2, 4, 8)
     demands = []
-    groups = rng.randint(1, max(2, node_count // 4))
+    wanted = max(free + 2, round(free * rng.choice((1.2, 1.5, 2.0, 3.0))))
+    groups = max(2, node_count // 4)
     for group in range(groups):
+        if sum(demand.gpus for demand in demands) >= wanted:
+            break
         # Groups come from every pool but the lowest, the higher ones more often.
         pool = rng.choices(pools[:-1], [4, 3, 2, 1][: len(pools) - 1])[0]
-        for _ in range(rng.choice((1, 1, 2, 3, 4))):
+        members = rng.choice((1, 1, 2, 3, 4) if fabric == "nvswitch" else (1, 2, 3, 4, 6))
+        for _ in range(members):
             member_pool = pool if rng.random() < 0.8 else rng.choice(pools[:-1])
             demands.append(
                 Demand(

@@ -20,8 +20,13 @@ the comparison is stricter than "the best legal plan that serves the same demand
 The sets (`contested.contested_set`) have up to 64 nodes of both fabrics, node-specific
 partition tables (HGX non-adjacent pairs, crossed tables), failed GPUs, cordoned and down nodes,
 four or five ranked pools with floors, deployments with min_replicas, notified VMs, and pending
-gang groups of 1-4 demands from several pools. The ratio of a set where neither the plan nor the
-optimum preempts is 1.
+gang groups of 1-6 demands from several pools asking for more GPUs than are free, so most sets
+need reclaims on both fabrics. The bar is asserted over the sets where the plan preempts (at
+least 300, at least 120 of each fabric); the mean over all sets, counting a set without victims
+as 1, is printed for reference.
+
+Measured (400 sets, 318 with victims): mean 1.0092 over the sets with victims (NVSwitch 142
+sets, 1.0207; PCIe 176 sets, 1.0000), worst 1.214 (NVSwitch seed 92); 1.0073 over all sets.
 """
 
 import random
@@ -42,7 +47,7 @@ from tests.arbiter.fleets import snapshots
 from tests.arbiter.oracle import Oracle, service_order
 from tests.arbiter.rules import rule_violations
 
-SETS_PER_FABRIC = 160
+SETS_PER_FABRIC = 200
 MEAN_BAR = 1.01
 WORST_BAR = 1.5
 
@@ -78,10 +83,10 @@ def test_the_integer_program_agrees_with_exhaustive_search_on_single_groups(data
         assert abs(exact.seconds_lost - expected.seconds_lost) < 1e-6
 
 
-def test_plans_are_within_1_percent_of_the_exact_optimum_on_sets_of_up_to_64_nodes():
-    ratios: list[float] = []
-    contested: list[float] = []
-    worst = (0.0, None)
+def test_plans_are_within_1_percent_of_the_exact_optimum_on_sets_with_victims():
+    ratios: dict[str, list[float]] = {"nvswitch": [], "pcie": []}
+    every: list[float] = []
+    worst = (0.0, "")
     for fabric in ("nvswitch", "pcie"):
         for seed in range(SETS_PER_FABRIC):
             snapshot = contested_set(random.Random(seed), fabric)
@@ -93,20 +98,25 @@ def test_plans_are_within_1_percent_of_the_exact_optimum_on_sets_of_up_to_64_nod
             best = scalar(snapshot, optimum)
             assert best <= planned * (1 + 1e-9), f"{fabric} {seed}: the optimum exceeds the plan"
             if planned == 0:
-                ratio = 1.0
-            else:
-                ratio = planned / best if best else float("inf")
-                contested.append(ratio)
-            ratios.append(ratio)
+                every.append(1.0)
+                continue
+            ratio = planned / best if best else float("inf")
+            ratios[fabric].append(ratio)
+            every.append(ratio)
             worst = max(worst, (ratio, f"{fabric} seed {seed}"))
-    mean = sum(ratios) / len(ratios)
-    contested_mean = sum(contested) / len(contested)
+    contested = ratios["nvswitch"] + ratios["pcie"]
+    mean = sum(contested) / len(contested)
+    per_fabric = ", ".join(
+        f"{fabric} {len(found)} sets mean {sum(found) / len(found):.4f}"
+        for fabric, found in ratios.items()
+    )
     figures = (
-        f"disruption / exact optimum over {len(ratios)} sets: mean {mean:.4f}, worst "
-        f"{worst[0]:.3f} ({worst[1]}); over the {len(contested)} sets with victims: mean "
-        f"{contested_mean:.4f}"
+        f"disruption / exact optimum over the {len(contested)} sets with victims: mean "
+        f"{mean:.4f}, worst {worst[0]:.3f} ({worst[1]}); {per_fabric}; over all "
+        f"{len(every)} sets: mean {sum(every) / len(every):.4f}"
     )
     print(figures)
-    assert len(contested) >= 100, figures
+    assert len(contested) >= 300, figures
+    assert min(len(found) for found in ratios.values()) >= 120, figures
     assert mean <= MEAN_BAR, figures
     assert worst[0] <= WORST_BAR, figures
