@@ -124,15 +124,8 @@ class _Program:
         for vm in snapshot.vms:
             for index in vm.gpus:
                 holder[(vm.node, index)] = vm
-        # Victim columns: running VMs that are not on-demand, nor protected (rule 3a: started
-        # or resumed less than their pool's protect_seconds before the snapshot's now).
-        self.victims = [
-            vm
-            for vm in snapshot.vms
-            if vm.state == "running"
-            and pools[vm.pool].kind != "on_demand"
-            and not _protected(vm, pools[vm.pool], snapshot.now)
-        ]
+        # Victim columns: the VMs a plan may preempt at all.
+        self.victims = [vm for vm in snapshot.vms if self._may_preempt(vm, pools)]
         victim_column = {vm.id: column for column, vm in enumerate(self.victims)}
         columns = len(self.victims)
         self.options: dict[tuple[int, int], list[_Option]] = {}
@@ -164,6 +157,16 @@ class _Program:
         self.rows: list[tuple[float, float, list[int], list[float]]] = []
         self._constraints(pools, rank)
 
+    def _may_preempt(self, vm: Vm, pools: dict) -> bool:
+        """Per-victim legality: running (not notified), not on-demand, and not protected (rule
+        3a: started or resumed less than its pool's protect_seconds before the snapshot's now).
+        A VM that fails it has no column, so a partition holding it is never taken."""
+        return (
+            vm.state == "running"
+            and pools[vm.pool].kind != "on_demand"
+            and not _protected(vm, pools[vm.pool], self.snapshot.now)
+        )
+
     def _constraints(self, pools: dict, rank: dict[str, int]) -> None:
         infinity = highspy.kHighsInf
         rows = self.rows
@@ -190,6 +193,10 @@ class _Program:
                 self.fixed_out.append(column)
                 continue
             rows.append((-infinity, 0.0, [column, *above], [1.0] + [-1.0] * len(above)))
+        # (Victims that come in whole groups, e.g. a multi-VM job, would be one equality row
+        # per pair of group-mates, (0, 0, [a, b], [1.0, -1.0]), so preempting one preempts
+        # all; and the legality row above taken per group, over the placements on any mate's
+        # GPUs, since a mate on another node is preempted with no placement on its GPUs.)
         # Floors and min_replicas, over the whole plan.
         held = dict.fromkeys(pools, 0)
         replicas: dict[str, int] = {}
