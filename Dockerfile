@@ -10,6 +10,10 @@ RUN apt-get update \
  && apt-get purge -y --auto-remove gcc libc6-dev pkg-config libvirt-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
+# PYTHONDONTWRITEBYTECODE keeps Python from caching bytecode at run time, so compile it once
+# here: otherwise every process (uvicorn, the worker, each `python -m gpucap.arbiter` run)
+# compiles the app's source again as it starts.
+RUN python -m compileall -q gpucap
 RUN DEBUG=0 SECRET_KEY=collectstatic-only python manage.py collectstatic --no-input
 ENV DEBUG=0
 EXPOSE 8000

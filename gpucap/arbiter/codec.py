@@ -67,13 +67,17 @@ def snapshot_from_dict(data: object) -> Snapshot:
     now = None
     if data.get("now") is not None:
         now = reader.time(data["now"], "snapshot", "now")
-    nodes = reader.section(data, "nodes", _NODE_FIELDS, reader.node, required=True)
+    nodes = reader.section(
+        data, "nodes", _NODE_FIELDS, reader.node, required=True, quick=reader.node_quickly
+    )
     pools = reader.section(data, "pools", _POOL_FIELDS, reader.pool, required=True)
     deployments = reader.section(
         data, "deployments", _DEPLOYMENT_FIELDS, reader.deployment, required=False
     )
-    vms = reader.section(data, "vms", _VM_FIELDS, reader.vm, required=True)
-    demands = reader.section(data, "demands", _DEMAND_FIELDS, reader.demand, required=True)
+    vms = reader.section(data, "vms", _VM_FIELDS, reader.vm, required=True, quick=reader.vm_quickly)
+    demands = reader.section(
+        data, "demands", _DEMAND_FIELDS, reader.demand, required=True, quick=reader.demand_quickly
+    )
     if capacity_set is None:
         raise SnapshotError(problems)
     snapshot = Snapshot(
@@ -250,6 +254,42 @@ _VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "stat
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
 
 
+_INT = frozenset({int})
+
+
+def _quickly(
+    section: str,
+    items: list,
+    quick: Callable[[dict], object | None],
+    required: frozenset[str],
+    allowed: frozenset[str],
+    name_field: str,
+) -> list[tuple[str, object]] | None:
+    """Every item of a section in one pass when each is well-formed and named (the usual
+    case), labelled as `item_label` labels them; None as soon as one is not."""
+    out: list[tuple[str, object]] = []
+    append = out.append
+    for index, item in enumerate(items):
+        if type(item) is not dict:
+            return None
+        keys = item.keys()
+        if not (keys >= required and keys <= allowed):
+            return None
+        built = quick(item)
+        if built is None:
+            return None
+        name = item[name_field]
+        if not name:
+            return None
+        append((f"{section}[{index}] ({name})", built))
+    return out
+
+
+def _all_ints(values: list) -> bool:
+    """Whether every value is a JSON integer (not a bool, whose type is not int)."""
+    return {*map(type, values)} <= _INT
+
+
 def _show(value: object) -> str:
     """A JSON value as the file shows it, shortened for an error line."""
     text = json.dumps(value, ensure_ascii=False)
@@ -263,6 +303,7 @@ class _Reader:
         self.problems = problems
         self.unreadable: dict[str, set[str]] = {}
         self._times: dict[str, datetime] = {}
+        self._tables: dict[tuple, tuple] = {}
 
     def section(
         self,
@@ -272,7 +313,11 @@ class _Reader:
         build: Callable[[dict, str], object | None],
         *,
         required: bool,
+        quick: Callable[[dict], object | None] | None = None,
     ) -> list[tuple[str, object]]:
+        """The section's items as (label, item); ``build`` reads one item and words its
+        problems. ``quick`` builds a well-formed item without a word, or returns None: when it
+        builds every item, the section is read in one pass; else item by item with ``build``."""
         if section not in data:
             if required:
                 self.problems.append(f'snapshot: missing field "{section}"')
@@ -285,19 +330,24 @@ class _Reader:
         required_set = frozenset(required_fields)
         allowed = required_set | frozenset(optional_fields)
         name_field = required_fields[0]
-        out: list[tuple[str, object]] = []
+        if quick is not None:
+            out = _quickly(section, items, quick, required_set, allowed, name_field)
+            if out is not None:
+                return out
+        out = []
+        problems = self.problems
         for index, item in enumerate(items):
             if type(item) is not dict:
-                self.problems.append(f"{section}[{index}]: must be an object, got {_show(item)}")
+                problems.append(f"{section}[{index}]: must be an object, got {_show(item)}")
                 continue
             name = item.get(name_field)
             label = item_label(section, index, name)
-            before = len(self.problems)
+            before = len(problems)
             keys = item.keys()
             if not (keys >= required_set and keys <= allowed):
                 self._report_fields(item, label, required_fields, allowed)
             built = build(item, label)
-            if built is None or len(self.problems) > before:
+            if built is None or len(problems) > before:
                 if isinstance(name, str):
                     self.unreadable.setdefault(section, set()).add(name)
                 continue
@@ -334,6 +384,47 @@ class _Reader:
         return CapacitySet(name=name, fabric=fabric, gpu_model=gpu_model)
 
     def node(self, item: dict, label: str) -> Node | None:
+        return self.node_quickly(item) or self._node_slowly(item, label)
+
+    def node_quickly(self, item: dict) -> Node | None:
+        """A well-formed node, read without the per-field helpers (None: let them word its
+        problems). Partition tables repeat across a fleet: equal ones share one tuple."""
+        name, gpus, state = item.get("name"), item.get("gpus"), item.get("state")
+        failed = item.get("failed_gpus")
+        if failed is None:
+            failed = ()
+        elif type(failed) is list and _all_ints(failed):
+            failed = tuple(failed)
+        else:
+            failed = None
+        raw_partitions = item.get("partitions")
+        partitions = None
+        if raw_partitions is not None:
+            partitions = self._partitions(raw_partitions)
+        if (
+            type(name) is str
+            and type(gpus) is int
+            and type(state) is str
+            and failed is not None
+            and (raw_partitions is None or partitions is not None)
+        ):
+            return Node(name, gpus, state, failed, partitions)
+        return None
+
+    def _partitions(self, raw: object) -> tuple[tuple[int, ...], ...] | None:
+        """A well-formed partition table as sorted tuples (shared between equal tables), or
+        None for the helpers to word its problems."""
+        if type(raw) is not list:
+            return None
+        blocks = []
+        for block in raw:
+            if type(block) is not list or not _all_ints(block):
+                return None
+            blocks.append(tuple(sorted(block)))
+        table = tuple(blocks)
+        return self._tables.setdefault(table, table)
+
+    def _node_slowly(self, item: dict, label: str) -> Node | None:
         name = self.text(item, label, "name")
         gpus = self.integer(item, label, "gpus")
         state = self.text(item, label, "state")
@@ -384,8 +475,11 @@ class _Reader:
         return Deployment(name=name, pool=pool, min_replicas=min_replicas)
 
     def vm(self, item: dict, label: str) -> Vm | None:
-        # Fleets have tens of thousands of VMs: take well-formed ones without the per-field
-        # helpers, and let the helpers word the problems of the rest.
+        return self.vm_quickly(item) or self._vm_slowly(item, label)
+
+    def vm_quickly(self, item: dict) -> Vm | None:
+        """A well-formed VM, read without the per-field helpers (None: let them word its
+        problems). Fleets have tens of thousands of VMs."""
         vm_id, pool, node = item.get("id"), item.get("pool"), item.get("node")
         gpus, started = item.get("gpus"), item.get("started_at")
         deployment, tenant = item.get("deployment"), item.get("tenant")
@@ -397,13 +491,13 @@ class _Reader:
             and type(pool) is str
             and type(node) is str
             and type(gpus) is list
-            and all(type(index) is int for index in gpus)
+            and _all_ints(gpus)
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
             and type(state) is str
         ):
             return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
-        return self._vm_slowly(item, label)
+        return None
 
     def _vm_slowly(self, item: dict, label: str) -> Vm | None:
         vm_id = self.text(item, label, "id")
@@ -428,6 +522,30 @@ class _Reader:
         )
 
     def demand(self, item: dict, label: str) -> Demand | None:
+        return self.demand_quickly(item) or self._demand_slowly(item, label)
+
+    def demand_quickly(self, item: dict) -> Demand | None:
+        """A well-formed demand, read without the per-field helpers (None: let them word its
+        problems)."""
+        demand_id, group, pool = item.get("id"), item.get("group"), item.get("pool")
+        gpus, requested, disk_node = (
+            item.get("gpus"),
+            item.get("requested_at"),
+            item.get("disk_node"),
+        )
+        moment = self._parse_time(requested) if type(requested) is str else None
+        if (
+            moment is not None
+            and type(demand_id) is str
+            and type(group) is str
+            and type(pool) is str
+            and type(gpus) is int
+            and (disk_node is None or type(disk_node) is str)
+        ):
+            return Demand(demand_id, group, pool, gpus, moment, disk_node)
+        return None
+
+    def _demand_slowly(self, item: dict, label: str) -> Demand | None:
         demand_id = self.text(item, label, "id")
         group = self.text(item, label, "group")
         pool = self.text(item, label, "pool")

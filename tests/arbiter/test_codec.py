@@ -138,3 +138,23 @@ def test_a_name_with_a_line_break_still_makes_one_line_per_problem():
         assert error.problems == ["vms[0] (vm-1): pool sp\\not is not a pool of the snapshot"]
     else:
         raise AssertionError("no SnapshotError")
+
+
+def test_a_bad_item_among_good_ones_is_named_and_a_json_true_is_no_gpu_index():
+    # Well-formed sections are read in one pass; one bad item sends its section item by item.
+    data = json.loads(EXAMPLE.read_text())
+    data["nodes"][0]["failed_gpus"] = [False]
+    data["nodes"][-1]["partitions"] = [[0, 1], [True]]
+    data["vms"][-1]["gpus"] = [True]
+    data["demands"][0]["gpus"] = True
+    try:
+        snapshot_from_dict(data)
+    except SnapshotError as error:
+        assert error.problems == [
+            "nodes[0] (n001): failed_gpus must be a list of GPU indices, got [false]",
+            "nodes[1] (n002): partitions[1] must be a list of GPU indices, got [true]",
+            "vms[1] (vm-2): gpus must be a list of GPU indices, got [true]",
+            "demands[0] (vm-9): gpus must be an integer, got true",
+        ]
+    else:
+        raise AssertionError("no SnapshotError")
