@@ -260,6 +260,17 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
     test["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_{os.getpid()}"
 
 
+@pytest.fixture(autouse=True)
+def no_kept_snapshots():
+    """Each test starts with no set snapshot kept in the process (gpucap/plans/snapshot_cache.py):
+    a rolled-back test's set may come round again with its id and generation."""
+    from gpucap.plans import snapshot_cache
+
+    snapshot_cache.forget()
+    yield
+    snapshot_cache.forget()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fast_password_hashing():
     """Passwords hashed with one MD5 round instead of PBKDF2's million: every test makes users

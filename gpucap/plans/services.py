@@ -31,7 +31,7 @@ import hashlib
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -49,6 +49,7 @@ from gpucap.fleet.models import CapacitySet, Gpu, Pool
 from gpucap.killpoints import kill_point, kill_point_on_commit
 from gpucap.notices import services as notices
 from gpucap.notices.models import InterruptionNotice
+from gpucap.plans import snapshot_cache
 from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot
@@ -674,7 +675,12 @@ def plan_what_if(
         )
         for n in range(1, gpus // block_gpus + 1)
     ]
-    snap = consistent_snapshot(capacity_set, extra_demands=extra)
+    # The set as a fresh read would give it (kept per generation: snapshot_cache), the asked-for
+    # blocks queued last, exactly where consistent_snapshot's extra_demands would put them.
+    kept = snapshot_cache.set_snapshot(capacity_set, load=consistent_snapshot)
+    snap = replace(
+        kept, snapshot=replace(kept.snapshot, demands=(*kept.snapshot.demands, *extra), now=now)
+    )
     result = arbiter.plan(snap.snapshot)
     served = not any(u.group == "what-if" for u in result.unsatisfied)
     return WhatIf(

@@ -332,6 +332,63 @@ def test_what_if_previews_a_reclaim_without_storing_or_changing_anything(
     assert world() == before
 
 
+def _what_if_lines(actions) -> list[tuple]:
+    return [(a.kind, a.subject, a.node_id, list(a.gpus), a.reason) for a in actions]
+
+
+def _fresh_what_if(capacity_set, pool, gpus: int, block_gpus: int):
+    """What a fresh read of the set plans with the what-if's blocks queued last."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gpucap import arbiter
+    from gpucap.arbiter import model as am
+
+    now = timezone.now()
+    extra = [
+        am.Demand(
+            id=f"what-if-{n}",
+            group="what-if",
+            pool=pool.name,
+            gpus=block_gpus,
+            requested_at=now + timedelta(microseconds=n),
+        )
+        for n in range(1, gpus // block_gpus + 1)
+    ]
+    snap = services.consistent_snapshot(capacity_set, extra_demands=extra)
+    result = arbiter.plan(snap.snapshot)
+    return services.plan_actions(None, snap, result), services.pool_balances(snap, result)
+
+
+def test_what_if_answers_as_a_fresh_plan_of_the_set_now_however_often_it_is_asked(
+    h100, full_set, fleet_east, on_demand_request
+):
+    ondemand = fleet_east["pools"]["h100-ondemand"]
+
+    def asked(gpus: int, block_gpus: int):
+        answers = [
+            services.plan_what_if(
+                capacity_set=h100, pool=ondemand, gpus=gpus, block_gpus=block_gpus
+            )
+            for _ in range(2)
+        ]
+        actions, pools = _fresh_what_if(h100, ondemand, gpus, block_gpus)
+        for answer in answers:
+            assert _what_if_lines(answer.actions) == _what_if_lines(actions)
+            assert answer.pools == pools
+        return answers[-1]
+
+    first = asked(8, 4)
+    assert {a.vm.name for a in first.reclaimed} == {"spot-3", "spot-4"}
+    on_demand_request()  # pending now: 8 GPUs ahead of the what-if's
+    second = asked(8, 4)
+    assert {a.vm.name for a in second.reclaimed} == {"spot-1", "spot-2"}
+    fleet.node_cordon(node=fleet_east["nodes"]["h100-001"])
+    third = asked(8, 4)
+    assert not third.served
+
+
 @pytest.mark.parametrize(
     ("gpus", "block_gpus", "field"),
     [(8, 3, "block_gpus"), (6, 4, "gpus"), (0, 1, "gpus"), (64, 8, "gpus"), ("8", 8, "gpus")],
