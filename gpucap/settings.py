@@ -286,7 +286,7 @@ CELERY_BEAT_SCHEDULE = {
     # The safety net under every notice's scheduled stop: a lost task or a dead worker delays
     # a stop by at most this long.
     "notices-sweep": {"task": "notices.sweep", "schedule": float(NOTICES_SWEEP_SECONDS)},
-    # Every set is planned this often even when nothing asked (changes ask at once, debounced).
+    # Every set is planned this often even when nothing asked (changes ask at once, throttled).
     "plans-tick-all": {
         "task": "plans.tick_all",
         "schedule": float(env_int("PLANS_INTERVAL_SECONDS", 30, minimum=1)),
@@ -365,7 +365,8 @@ if SIMULATOR_TTFT_MS > 1000 * SIMULATOR_MAX_DELAY_SECONDS:
     )
 SIMULATOR_TOKENS_PER_SECOND = env_int("SIMULATOR_TOKENS_PER_SECOND", 200, minimum=0)
 
-# The planning loop (gpucap.plans): how long a change waits for others before its set is planned,
+# The planning loop (gpucap.plans): the shortest time between two ticks of a set that changes ask
+# for (a change to a quiet set is planned at once; a burst folds into one tick per interval),
 # and how many plans of each set the history keeps.
 PLANS_DEBOUNCE_SECONDS = env_int("PLANS_DEBOUNCE_SECONDS", 1, minimum=0)
 PLANS_KEEP_PER_SET = env_int("PLANS_KEEP_PER_SET", 500, minimum=10)

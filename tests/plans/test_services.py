@@ -425,3 +425,30 @@ def test_floor_change_triggers_one_debounced_replan(
         fleet.node_uncordon(node=fleet_east["nodes"]["h100-001"])
     assert sent_plan_tasks == [("plans.replan", [h100.pk])]
     replan_release(h100.pk)
+
+
+def test_a_change_to_a_quiet_set_is_planned_at_once_and_ticks_keep_their_interval(
+    h100, fleet_east, monkeypatch, settings, django_capture_on_commit_callbacks
+):
+    from gpucap.celery import app
+    from gpucap.plans import triggers
+    from gpucap.redis_clients import shared_redis
+
+    settings.PLANS_DEBOUNCE_SECONDS = 5
+    shared_redis().delete(triggers._key(h100.pk), triggers._started_key(h100.pk))
+    sent = []
+    monkeypatch.setattr(
+        app, "send_task", lambda name, args=None, **options: sent.append((name, options))
+    )
+    spot = fleet_east["pools"]["h100-spot"]
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet.pool_set_floor(pool=spot, floor_gpus=2)
+    assert sent == [("plans.replan", {"countdown": 0})]  # nothing planned lately: at once
+    triggers.replan_release(h100.pk)  # the tick starts
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet.pool_set_floor(pool=spot, floor_gpus=3)
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet.pool_set_floor(pool=spot, floor_gpus=4)
+    assert len(sent) == 2  # the burst after the tick started gives one more tick
+    assert 4 < sent[1][1]["countdown"] <= 5  # five seconds after the last one started
+    shared_redis().delete(triggers._key(h100.pk), triggers._started_key(h100.pk))
