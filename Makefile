@@ -77,6 +77,7 @@ bench: install-dev wrk realguest
 	$(PY) bench/arbiter_scale.py
 	$(PY) bench/metadata_load.py
 	$(PY) bench/set_page.py
+	$(PY) bench/notice_latency.py
 	$(PY) bench/usage_export.py
 	$(PY) bench/router_overhead.py
 	$(PY) bench/guest_notice.py

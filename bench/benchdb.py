@@ -14,6 +14,12 @@ def redis_url(default_db: int) -> str:
     return os.environ.get("BENCH_REDIS_URL") or f"redis://127.0.0.1:6379/{default_db}"
 
 
+def database_name(name: str) -> str:
+    """A bench's database name, ``BENCH_DB_SUFFIX`` appended when set: benches run from several
+    checkouts against one PostgreSQL server keep to databases of their own."""
+    return name + os.environ.get("BENCH_DB_SUFFIX", "")
+
+
 def bench_env(*, db_name: str, redis_db: int, queue: str) -> dict[str, str]:
     base = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucap"))
     url = redis_url(redis_db)
