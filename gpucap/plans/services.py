@@ -46,6 +46,7 @@ from gpucap.arbiter.topology import block_sizes
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import CapacitySet, Gpu, Pool
+from gpucap.gcpause import collector_paused
 from gpucap.killpoints import kill_point, kill_point_on_commit
 from gpucap.notices import services as notices
 from gpucap.notices.models import InterruptionNotice
@@ -140,10 +141,11 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         and not _protection_ended(latest)
     ):
         return latest  # nothing a plan depends on changed since
-    snap = consistent_snapshot(capacity_set)
-    started = timezone.now()
-    result = arbiter.plan(snap.snapshot)
-    elapsed_ms = int((timezone.now() - started).total_seconds() * 1000)
+    with collector_paused():  # see gpucap/gcpause.py: it would cost as much as the reading
+        snap = consistent_snapshot(capacity_set)
+        started = timezone.now()
+        result = arbiter.plan(snap.snapshot)
+        elapsed_ms = int((timezone.now() - started).total_seconds() * 1000)
     acts = bool(result.placements or result.preemptions)
     if (
         not acts
@@ -171,7 +173,8 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         digest=hashlib.sha256(arbiter.dump_plan(result).encode()).hexdigest(),
         planning_ms=elapsed_ms,
     )
-    PlanAction.objects.bulk_create(plan_actions(plan, snap, result))
+    with collector_paused():
+        PlanAction.objects.bulk_create(plan_actions(plan, snap, result))
     _wake_when_protection_ends(capacity_set, result)
     at_risk_follow(capacity_set=capacity_set)
     metrics.shared_count_on_commit(metrics.PLANS_MADE, set=capacity_set.name, mode=plan.mode)
@@ -677,18 +680,20 @@ def plan_what_if(
     ]
     # The set as a fresh read would give it (kept per generation: snapshot_cache), the asked-for
     # blocks queued last, exactly where consistent_snapshot's extra_demands would put them.
-    kept = snapshot_cache.set_snapshot(capacity_set, load=consistent_snapshot)
-    snap = replace(
-        kept, snapshot=replace(kept.snapshot, demands=(*kept.snapshot.demands, *extra), now=now)
-    )
-    result = arbiter.plan(snap.snapshot)
+    with collector_paused():  # see gpucap/gcpause.py
+        kept = snapshot_cache.set_snapshot(capacity_set, load=consistent_snapshot)
+        snap = replace(
+            kept, snapshot=replace(kept.snapshot, demands=(*kept.snapshot.demands, *extra), now=now)
+        )
+        result = arbiter.plan(snap.snapshot)
+        actions = plan_actions(None, snap, result)
     served = not any(u.group == "what-if" for u in result.unsatisfied)
     return WhatIf(
         pool=pool,
         gpus=gpus,
         block_gpus=block_gpus,
         served=served,
-        actions=plan_actions(None, snap, result),
+        actions=actions,
         pools=pool_balances(snap, result),
     )
 

@@ -71,6 +71,30 @@ OTHER_POOLS = "(other pools)"
 
 Hardware = tuple[str, str]  # (GPU model, fabric)
 
+# What is read of a VM holding GPUs: here, in the plan's lines (gpucap.plans.services.plan_actions)
+# and on the pages that show them (the what-if's). Only these are loaded: all of a VM's fields,
+# for thousands of VMs, cost most of a large set's snapshot. A field read but not listed here
+# costs a query per VM that reads it: add it here.
+HOLDER_FIELDS = (
+    "id",
+    "name",
+    "role",
+    "state",
+    "gpu_count",
+    "tenant_id",
+    "pool_id",
+    "node_id",
+    "deployment_id",
+    "preempted_for_id",
+    "started_at",
+    "tenant__name",
+    "tenant__slug",
+    "pool__name",
+    "pool__kind",
+    "pool__rank",
+    "pool__capacity_set_id",
+)
+
 
 @dataclass
 class LiveCapacity:
@@ -118,6 +142,7 @@ class LiveCapacity:
                 held_indices=ArrayAgg("allocations__gpu__index", order_by=order),
             )
             .select_related("tenant", "pool")
+            .only(*HOLDER_FIELDS)
             .order_by("pk")
         )
         for vm in live:

@@ -41,6 +41,24 @@ def test_the_snapshot_is_read_in_seven_queries_whatever_the_set_size(
     assert len(large.snapshot.demands) == 6
 
 
+def test_a_plans_lines_name_their_vms_without_reading_them_again(
+    h100, full_set, on_demand_request, django_assert_num_queries
+):
+    # The snapshot loads only the VM fields it lists (snapshot.HOLDER_FIELDS); what the lines
+    # and the what-if page show of each VM must be among them, or each VM costs a query.
+    on_demand_request()
+    snap = services.consistent_snapshot(h100)
+    with django_assert_num_queries(0):
+        result = arbiter.plan(snap.snapshot)
+        lines = services.plan_actions(None, snap, result)
+        shown = [
+            (a.vm.pk, a.vm.name, a.tenant.name, a.pool.name, a.node.hostname, a.running_since)
+            for a in lines
+            if a.kind == "preemption"
+        ]
+    assert len(shown) == 2
+
+
 def test_failed_gpus_and_unready_nodes_reach_the_arbiter(h100, fleet_east):
     node = fleet_east["nodes"]["h100-001"]
     fleet.gpu_set_health(gpu=Gpu.objects.get(node=node, index=3), health=Gpu.Health.FAILED)
