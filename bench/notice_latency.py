@@ -27,7 +27,8 @@ where the median request's time goes (API answer; planning started and plan stor
 plan's ``created_at`` and ``planning_ms``; notices committed; metadata served).
 
 Goal (issue 17, build 6): median under 1.5 s at 2,000 nodes. ``--nodes`` and ``--requests``
-change the size while iterating; ``--keep`` keeps the database.
+change the size while iterating; ``--keep`` keeps the database and ``--reuse`` measures the set
+it holds again (with the VMs earlier runs asked for) without building it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,11 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=NODES, help="nodes in the set")
     parser.add_argument("--requests", type=int, default=REQUESTS, help="on-demand requests")
     parser.add_argument("--keep", action="store_true", help=f"keep database {DB_NAME}")
+    parser.add_argument(
+        "--reuse", action="store_true", help="measure the set a --keep run left again; keeps it"
+    )
     args = parser.parse_args()
+    args.keep = args.keep or args.reuse
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     port = stack.free_port()
@@ -81,7 +86,8 @@ def main() -> int:
     }
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
-    benchdb.database_create(env["DATABASE_URL"])
+    if not args.reuse:
+        benchdb.database_create(env["DATABASE_URL"])
     benchdb.redis_forget(env["REDIS_URL"], QUEUE)
     processes = []
     try:
@@ -92,8 +98,9 @@ def main() -> int:
 
         call_command("migrate", verbosity=0, interactive=False)
         started = time.perf_counter()
-        fleet = build(args.nodes)
+        fleet = existing() if args.reuse else build(args.nodes)
         built = time.perf_counter() - started
+        args.nodes = fleet.node_count
         processes.append(stack.server_start(port, env, workers=1))
         processes.append(stack.celery_start(env, Path(scratch.name) / "worker.log"))
         return run(f"http://127.0.0.1:{port}", fleet, args, built=built)
@@ -133,6 +140,16 @@ def build(nodes: int) -> set_page.BenchFleet:
     plans.capacity_set_set_mode(
         capacity_set=fleet.capacity_set, mode="enforce", actor=fleet.operator
     )
+    metadata_resync()
+    return fleet
+
+
+def existing() -> set_page.BenchFleet:
+    """The set a ``--keep`` run left, its metadata store filled again."""
+    from gpucap.notices.cache import metadata_resync
+
+    fleet = set_page.BenchFleet.existing()
+    fleet.tenants = {}
     metadata_resync()
     return fleet
 
@@ -179,7 +196,7 @@ def measure(base: str, session: requests.Session, fleet: set_page.BenchFleet, nu
         f"{base}/api/vms/",
         json={
             "pool": pool.pk,
-            "name": f"notice-bench-{number}",
+            "name": f"notice-bench-{started:.0f}-{number}",
             "gpu_count": 8,
             "image": "ubuntu-24.04-cuda-12.6",
             "ssh_public_key": set_page.SSH_KEY,

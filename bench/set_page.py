@@ -34,8 +34,12 @@ page's own key) and the what-if preview POST (pool ``bench-ondemand`` asks for 3
 more GPUs in 8-GPU blocks). Wall times move with the machine's load (printed per size); the
 CPU column (this process's CPU time per request) moves much less.
 
-Goal (issue 6): under 300 ms median server time at 2,000 nodes, with a query count that does
-not grow with the set.
+Goals: under 300 ms median server time at 2,000 nodes, with a query count that does not grow
+with the set (issue 6); the what-if preview under 300 ms median at 2,000 nodes (issue 17). The
+what-if is asked again and again as an operator types into its form: its median is of the same
+question at one generation of the set, as the form asks it (the first read of the set after a
+change is among the warm-ups); "what-if cold" is the first question after a change, which reads
+the set from the database.
 
 ``--profile`` adds a cProfile of full-page requests at the largest size; ``--keep`` keeps
 the database, and ``--reuse`` measures the set it holds again without building it.
@@ -63,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SIZES = (200, 1000, 2000)
 GOAL_NODES = 2000
 GOAL_MS = 300
+GOAL_WHAT_IF_MS = 300  # issue 17, build 6
 REQUESTS = 15
 WARMUPS = 2
 PROFILED = 5  # requests under --profile
@@ -539,7 +544,23 @@ def measure(fleet: BenchFleet) -> dict:
     what_if = what_if_request(client, fleet)
     if what_if is not None:
         measured["what-if"] = timed_requests(what_if)
+        measured["what-if cold"] = timed_requests(cold(what_if))
     return measured
+
+
+def cold(send):
+    """``send`` as the first question after the set changed: no snapshot kept in the process
+    (gpucap/plans/snapshot_cache.py), so the set is read from the database again."""
+    try:
+        from gpucap.plans import snapshot_cache
+    except ImportError:  # before issue 17: every question read the set
+        return send
+
+    def forgetting():
+        snapshot_cache.forget()
+        return send()
+
+    return forgetting
 
 
 def set_url(name: str) -> str | None:
@@ -625,7 +646,7 @@ def query_breakdown(label: str, send) -> None:
 def report(rows) -> None:
     header = (
         f"{'nodes':>6} {'GPUs':>6} {'held':>5} {'VMs':>5} {'demands':>8} {'plan s':>7} "
-        f"{'preempt':>8} {'request':<9} {'median ms':>10} {'p90 ms':>7} {'SQL ms':>7} "
+        f"{'preempt':>8} {'request':<12} {'median ms':>10} {'p90 ms':>7} {'SQL ms':>7} "
         f"{'render ms':>10} {'CPU ms':>7} {'queries':>8} {'KiB':>6}"
     )
     print(header)
@@ -642,7 +663,7 @@ def report(rows) -> None:
             )
             first = False
             print(
-                f"{lead} {kind:<9} {figures['median']:>10.1f} {figures['p90']:>7.1f} "
+                f"{lead} {kind:<12} {figures['median']:>10.1f} {figures['p90']:>7.1f} "
                 f"{figures['sql']:>7.1f} {figures['render']:>10.1f} {figures['cpu']:>7.1f} "
                 f"{figures['queries']:>8} "
                 f"{figures['bytes'] / 1024:>6.0f}"
@@ -652,7 +673,8 @@ def report(rows) -> None:
         "VMs;\n preempt: reclaims in the plan; page: the full page; poll: its live regions (what "
         "the 5 s\n poll gets after a change); poll 204: the poll when nothing changed; what-if: "
         "the preview form's POST "
-        "(32 GPUs in 8s);\n SQL and render: of the median request (render includes the queries "
+        "(32 GPUs in 8s);\n what-if cold: the same, the first after a change; SQL and "
+        "render: of the median request (render includes the queries "
         "the template runs);\n CPU ms: median CPU time of this process per request (view and "
         "template, without\n PostgreSQL's own work; steadier than wall time on a busy machine); "
         "KiB: response size)"
@@ -695,9 +717,13 @@ def verdict(rows) -> int:
     met = page_queries == "fixed" and median < GOAL_MS
     print(f"{goal}: {'met' if met else 'not met'} (page {median:.0f} ms, queries {page_queries})")
     if "what-if" in measured:
+        what_if = measured["what-if"]["median"]
+        what_if_met = what_if < GOAL_WHAT_IF_MS
+        met = met and what_if_met
         print(
-            f"what-if preview at {GOAL_NODES} nodes: {measured['what-if']['median']:.0f} ms "
-            f"median, queries {queries('what-if')}"
+            f"{'PASS' if what_if_met else 'FAIL'} what-if preview at {GOAL_NODES} nodes: "
+            f"{what_if:.0f} ms median (target < {GOAL_WHAT_IF_MS} ms), queries "
+            f"{queries('what-if')}"
         )
     return 0 if met else 1
 
