@@ -408,7 +408,9 @@ class _Reader:
             and failed is not None
             and (raw_partitions is None or partitions is not None)
         ):
-            return Node(name, gpus, state, failed, partitions)
+            return Node(
+                name=name, gpus=gpus, state=state, failed_gpus=failed, partitions=partitions
+            )
         return None
 
     def _partitions(self, raw: object) -> tuple[tuple[int, ...], ...] | None:
@@ -542,7 +544,14 @@ class _Reader:
             and type(gpus) is int
             and (disk_node is None or type(disk_node) is str)
         ):
-            return Demand(demand_id, group, pool, gpus, moment, disk_node)
+            return Demand(
+                id=demand_id,
+                group=group,
+                pool=pool,
+                gpus=gpus,
+                requested_at=moment,
+                disk_node=disk_node,
+            )
         return None
 
     def _demand_slowly(self, item: dict, label: str) -> Demand | None:
