@@ -528,14 +528,31 @@ def placements_complete(*, capacity_set: CapacitySet) -> list[int]:
     plan gave it. A placement whose VM or GPUs changed meanwhile is marked missed (its VM, if
     still pending, is planned again). Returns the VMs placed."""
     placed = []
-    waiting = (
+    waiting = list(
         PlanAction.objects.filter(
             plan__capacity_set=capacity_set, kind=Kind.PLACEMENT, progress=Progress.WAITING
         )
         .select_related("plan", "node")
         .order_by("plan_id", "position")
     )
+    # Most placements wait for victims whose notices run for minutes: find those in two
+    # queries rather than locking and asking for each on every tick. A victim that goes off
+    # after this read bumps the set's generation once it commits, and the tick that asks for
+    # places the VM.
+    waiting_vms = [action.vm_id for action in waiting]
+    leaving_for = set(
+        VirtualMachine.objects.filter(
+            preempted_for_id__in=waiting_vms, state__in=IN_FLIGHT
+        ).values_list("preempted_for_id", flat=True)
+    )
+    still_pending = set(
+        VirtualMachine.objects.filter(pk__in=leaving_for, state=State.PENDING).values_list(
+            "pk", flat=True
+        )
+    )
     for action in waiting:
+        if action.vm_id in still_pending:
+            continue  # as _still_leaving would find under the lock below
         vm = (
             VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
             .select_related("pool")
