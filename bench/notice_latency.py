@@ -4,8 +4,10 @@ Builds one NVSwitch H100 capacity set of NODES (2,000) nodes x 8 GPUs in a Postg
 of its own (DB_NAME, created and migrated here, dropped at the end) with bench/set_page.py's
 builder (``set_page.BenchFleet``: the real services, running VMs of four pools on every node,
 0.2 pending demands per node), gives its notices a day (so that no deadline falls due while
-measuring) and switches it to ``enforce``. A tenant (``bench-tenant``, member of acme, which
-may rent in ``bench-ondemand``) gets an API token.
+measuring), switches it to ``enforce`` and applies its first plan (a tick in this process). The
+tasks that leaves queued are dropped (driver calls for VMs no hypervisor runs; those VMs stay
+provisioning), so that the worker does only what each request asks. A tenant
+(``bench-tenant``, member of acme, which may rent in ``bench-ondemand``) gets an API token.
 
 Then the stack runs on loopback as ``make run`` runs it: uvicorn serving gpucap.asgi:application
 (the API and the metadata endpoint; 127.0.0.1 is the trusted metadata proxy) and one Celery
@@ -15,7 +17,7 @@ run on no hypervisor, and nothing periodic runs between requests, so what is mea
 request's own path: API -> commit -> replan trigger -> the worker's tick (snapshot, plan,
 apply) -> notices -> metadata.
 
-Once the first enforced plan has settled (its notices sent), REQUESTS times: the tenant asks
+After one warm-up request, REQUESTS times: the tenant asks
 for an 8-GPU on-demand VM (``POST /api/vms/``, token auth); no node has 8 free GPUs, so the
 plan reclaims spot VMs for it. Measured, from just before the POST, until the victims'
 notices are "sent": the applied plan's preemptions for the new VM are committed, each victim has
@@ -123,9 +125,8 @@ def main() -> int:
 
 def build(nodes: int) -> set_page.BenchFleet:
     """The set, built by the services; then its notices last a day, a tenant may log in, and
-    the set enforces. The metadata store is filled as a full resync fills it."""
+    the set enforces, its first plan applied."""
     from gpucap.fleet import services as fleet_services
-    from gpucap.notices.cache import metadata_resync
     from gpucap.plans import services as plans
     from gpucap.tenancy import services as tenancy
 
@@ -140,17 +141,32 @@ def build(nodes: int) -> set_page.BenchFleet:
     plans.capacity_set_set_mode(
         capacity_set=fleet.capacity_set, mode="enforce", actor=fleet.operator
     )
-    metadata_resync()
+    for _ in range(10):  # the first enforced plan, and the replans its notices ask for
+        tick = plans.capacity_set_tick(capacity_set_id=fleet.capacity_set.pk)
+        fleet.capacity_set.refresh_from_db()
+        if tick.plan.generation == fleet.capacity_set.generation:
+            break
+    quiet()
     return fleet
 
 
-def existing() -> set_page.BenchFleet:
-    """The set a ``--keep`` run left, its metadata store filled again."""
+def quiet() -> None:
+    """Drop the tasks the set's history left queued (the first enforced plan's driver calls
+    for VMs no hypervisor runs, their replans), so that the worker does only what each request
+    asks, and fill the metadata store as a full resync fills it."""
+    from django.conf import settings
+
     from gpucap.notices.cache import metadata_resync
 
+    benchdb.redis_forget(settings.CELERY_BROKER_URL, QUEUE)
+    metadata_resync()
+
+
+def existing() -> set_page.BenchFleet:
+    """The set a ``--keep`` run left, quiet again."""
     fleet = set_page.BenchFleet.existing()
     fleet.tenants = {}
-    metadata_resync()
+    quiet()
     return fleet
 
 
@@ -172,6 +188,8 @@ def run(base: str, fleet: set_page.BenchFleet, args, *, built: float) -> int:
         f"PLANS_DEBOUNCE_SECONDS {settings.PLANS_DEBOUNCE_SECONDS}\n"
     )
     settle(fleet, what="the first enforced plan")
+    measure(base, session, fleet, 0)  # a warm-up: the worker's first tick opens its connections
+    settle(fleet, what="the warm-up request")
     samples = []
     for number in range(1, args.requests + 1):
         sample = measure(base, session, fleet, number)
