@@ -141,23 +141,25 @@ def build(nodes: int) -> set_page.BenchFleet:
     plans.capacity_set_set_mode(
         capacity_set=fleet.capacity_set, mode="enforce", actor=fleet.operator
     )
-    for _ in range(10):  # the first enforced plan, and the replans its notices ask for
+    quiet(fleet)
+    return fleet
+
+
+def quiet(fleet: set_page.BenchFleet) -> None:
+    """Plan the set here until its plan is current (the first enforced plan, and the replans
+    its notices ask for), then drop the tasks that left queued (driver calls for VMs no
+    hypervisor runs, replans already made), so that the worker does only what each request
+    asks; and fill the metadata store as a full resync fills it."""
+    from django.conf import settings
+
+    from gpucap.notices.cache import metadata_resync
+    from gpucap.plans import services as plans
+
+    for _ in range(10):
         tick = plans.capacity_set_tick(capacity_set_id=fleet.capacity_set.pk)
         fleet.capacity_set.refresh_from_db()
         if tick.plan.generation == fleet.capacity_set.generation:
             break
-    quiet()
-    return fleet
-
-
-def quiet() -> None:
-    """Drop the tasks the set's history left queued (the first enforced plan's driver calls
-    for VMs no hypervisor runs, their replans), so that the worker does only what each request
-    asks, and fill the metadata store as a full resync fills it."""
-    from django.conf import settings
-
-    from gpucap.notices.cache import metadata_resync
-
     benchdb.redis_forget(settings.CELERY_BROKER_URL, QUEUE)
     metadata_resync()
 
@@ -166,7 +168,7 @@ def existing() -> set_page.BenchFleet:
     """The set a ``--keep`` run left, quiet again."""
     fleet = set_page.BenchFleet.existing()
     fleet.tenants = {}
-    quiet()
+    quiet(fleet)
     return fleet
 
 
