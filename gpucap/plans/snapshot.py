@@ -89,10 +89,6 @@ HOLDER_FIELDS = (
     "started_at",
     "tenant__name",
     "tenant__slug",
-    "pool__name",
-    "pool__kind",
-    "pool__rank",
-    "pool__capacity_set_id",
 )
 
 
@@ -141,11 +137,14 @@ class LiveCapacity:
                 held_nodes=ArrayAgg("allocations__gpu__node_id", order_by=order),
                 held_indices=ArrayAgg("allocations__gpu__index", order_by=order),
             )
-            .select_related("tenant", "pool")
+            .select_related("tenant")
             .only(*HOLDER_FIELDS)
             .order_by("pk")
         )
+        pool_cache = VirtualMachine.pool.field
         for vm in live:
+            if vm.pool_id in pools_by_id:  # the pools read above, not one instance per VM
+                pool_cache.set_cached_value(vm, pools_by_id[vm.pool_id])
             for node_id, index in zip(vm.held_nodes, vm.held_indices, strict=True):
                 held[vm.pk][node_id].append(index)
             holders[vm.pk] = vm
