@@ -1,7 +1,7 @@
 """The pages people look at first, at a desk (1440x1000) and on a phone (390x844), saved to
 artifacts/screens/ as ``screen-<page>-<width>.png`` for a person to look at (issue 15): the
 operator's landing page, the fleet, a set page just after Approve (its notices sent), a node
-page and the API docs; a tenant's portal with a VM waiting and saying why."""
+page and the API docs; a tenant's portal with a VM waiting and saying why, and its VM list."""
 
 import re
 
@@ -35,7 +35,7 @@ def approved(operator, h100, full_set, on_demand_request, fleet_east, tenant):
 
 @pytest.mark.parametrize(("width", "height"), SIZES, ids=["desk", "phone"])
 def test_the_first_pages_at_a_desk_and_on_a_phone(
-    browser, live_server, operator, member, approved, width, height
+    browser, live_server, operator, member, tenant, approved, width, height
 ):
     context = browser.new_context(
         base_url=live_server.url, viewport={"width": width, "height": height}
@@ -86,5 +86,13 @@ def test_the_first_pages_at_a_desk_and_on_a_phone(
         expect(row).to_contain_text("Pending")
         expect(row).to_contain_text("in line")
         screenshot(page, f"screen-tenant-portal-{width}")
+
+        page.goto(f"/tenants/{tenant.slug}/vms/")
+        expect(page.locator("h1")).to_have_text("VMs")
+        # Beside the Request VM form the table scrolls inside its card; it never spills out of it.
+        panel = page.locator("#vm-table")
+        assert panel.evaluate("card => card.scrollWidth <= card.clientWidth")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        screenshot(page, f"screen-tenant-vms-{width}")
     finally:
         context.close()
