@@ -4,6 +4,8 @@ portal and ``/api/vms/`` (``waiting``).
 - awaiting operator approval: its set is in dry-run and the set's proposed plan places it;
 - GPUs being freed: an applied plan places it once the VMs giving up the GPUs stop; it starts by
   the latest of their notice deadlines;
+- protected: the set's plan could serve it only by reclaiming VMs still inside their pool's
+  protection window (rule 3a, docs/arbiter.md); it waits until that window ends;
 - no capacity: no plan places it; it is number N in its pool's line (pending VMs by request time);
 - standalone pools have no arbiter: it waits for free GPUs on the cluster's standalone nodes.
 
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.db.models import Q
+from django.utils import timezone
 
 from gpucap.fleet.models import CapacitySet
 from gpucap.notices.models import InterruptionNotice
@@ -41,9 +44,10 @@ class Waiting:
 APPROVAL = "awaiting_approval"
 FREEING = "gpus_being_freed"
 STARTING = "starting"
+PROTECTED = "protected"
 NO_CAPACITY = "no_capacity"
 STANDALONE = "standalone"
-REASONS = (APPROVAL, FREEING, STARTING, NO_CAPACITY, STANDALONE)
+REASONS = (APPROVAL, FREEING, STARTING, PROTECTED, NO_CAPACITY, STANDALONE)
 
 
 def waiting_for(vms: Iterable[VirtualMachine]) -> dict[int, Waiting]:
@@ -54,10 +58,11 @@ def waiting_for(vms: Iterable[VirtualMachine]) -> dict[int, Waiting]:
     if not pending:
         return {}
     lines = _lines({vm.pool_id for vm in pending})
-    placements = _placements({vm.pk for vm in pending})
+    placements, protected = _plan_lines({vm.pk for vm in pending})
     starts_by = _starts_by([p for p in placements.values() if p.plan.status == Plan.Status.APPLIED])
     return {
-        vm.pk: _why(vm, lines.get(vm.pk, 1), placements.get(vm.pk), starts_by) for vm in pending
+        vm.pk: _why(vm, lines.get(vm.pk, 1), placements.get(vm.pk), starts_by, protected.get(vm.pk))
+        for vm in pending
     }
 
 
@@ -97,24 +102,33 @@ def _lines(pool_ids: set[int]) -> dict[int, int]:
     return places
 
 
-def _placements(vm_ids: set[int]) -> dict[int, PlanAction]:
+def _plan_lines(vm_ids: set[int]) -> tuple[dict[int, PlanAction], dict[int, datetime]]:
     """The placement that will start each VM: one in its set's proposed plan, or one of an
-    applied plan still waiting for its victims to stop (the latter wins)."""
+    applied plan still waiting for its victims to stop (the latter wins); and, for VMs a plan
+    left waiting for a protection window, when the window ends (the latest plan's word). One
+    query."""
+    live = (Plan.Status.PROPOSED, Plan.Status.NOTHING, Plan.Status.APPLIED)
     actions = (
-        PlanAction.objects.filter(kind=Kind.PLACEMENT, vm_id__in=vm_ids)
+        PlanAction.objects.filter(vm_id__in=vm_ids)
         .filter(
-            Q(plan__status=Plan.Status.PROPOSED)
-            | Q(plan__status=Plan.Status.APPLIED, progress=Progress.WAITING)
+            Q(kind=Kind.PLACEMENT, plan__status=Plan.Status.PROPOSED)
+            | Q(kind=Kind.PLACEMENT, plan__status=Plan.Status.APPLIED, progress=Progress.WAITING)
+            | Q(kind=Kind.UNSATISFIED, plan__status__in=live, waits_until__gt=timezone.now())
         )
         .select_related("plan__capacity_set")
         .order_by("plan__created_at", "plan_id")
     )
     found: dict[int, PlanAction] = {}
+    protected: dict[int, datetime] = {}
     for action in actions:
+        if action.kind == Kind.UNSATISFIED:
+            protected[action.vm_id] = action.waits_until
+            continue
+        protected.pop(action.vm_id, None)  # a later plan places it after all
         current = found.get(action.vm_id)
         if current is None or current.plan.status != Plan.Status.APPLIED:
             found[action.vm_id] = action
-    return found
+    return found, protected
 
 
 def _starts_by(placements: list[PlanAction]) -> dict[int, datetime | None]:
@@ -153,6 +167,7 @@ def _why(
     place: int,
     placement: PlanAction | None,
     starts_by: dict[int, datetime | None],
+    protected_until: datetime | None = None,
 ) -> Waiting:
     pool = vm.pool
     if pool.capacity_set_id is None:
@@ -171,4 +186,11 @@ def _why(
                 APPROVAL, "awaiting operator approval: the capacity plan that starts it is proposed"
             )
         return Waiting(STARTING, "capacity found; the capacity arbiter is starting it")
+    if protected_until is not None:
+        return Waiting(
+            PROTECTED,
+            f"the GPUs it could be given are held by recently started VMs, protected until "
+            f"{protected_until:%H:%M} UTC; it starts then if nothing else changes",
+            protected_until,
+        )
     return Waiting(NO_CAPACITY, f"no capacity in pool {pool.name}; you are number {place} in line")

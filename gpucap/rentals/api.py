@@ -69,8 +69,9 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     )
     waiting = serializers.SerializerMethodField(
         help_text="Why a pending VM waits, null otherwise: `reason` (awaiting_approval, "
-        "gpus_being_freed, starting, no_capacity or standalone), `message` in words, and "
-        "`starts_by`, when it should start at the latest (only while GPUs are being freed)."
+        "gpus_being_freed, starting, protected, no_capacity or standalone), `message` in words, "
+        "and `starts_by`: when it should start at the latest while GPUs are being freed, or "
+        "when the protection window it waits for ends."
     )
     at_risk = serializers.SerializerMethodField(
         help_text="Whether the capacity set's proposed plan (dry-run, or awaiting approval) "

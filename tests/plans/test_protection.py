@@ -212,3 +212,34 @@ def test_the_replan_when_protection_ends_serves_the_waiting_demand(
     )
     assert served.plan.created_at >= waiting.waits_until
     assert served.plan.preemptions == 1
+
+
+def test_the_tenant_whose_vm_waits_for_protection_is_told_until_when(
+    h100, full_set, on_demand_request, spot_pool, other_member_api, other_member_client
+):
+    fleet.pool_set_protect(pool=spot_pool, protect_seconds=TEN_MINUTES)
+    for n, vm in enumerate(full_set):
+        started(vm, timedelta(minutes=5 - n))
+    train = on_demand_request(gpu_count=4)  # globex's
+    tick(h100)
+    until = VirtualMachine.objects.get(pk=full_set[3].pk).started_at + timedelta(
+        seconds=TEN_MINUTES
+    )
+
+    waiting = other_member_api.get(f"/api/vms/{train.pk}/").json()["waiting"]
+
+    assert waiting["reason"] == "protected"
+    assert f"protected until {until:%H:%M} UTC" in waiting["message"]
+    assert waiting["starts_by"].startswith(f"{until:%Y-%m-%dT%H:%M}")
+    # In words that name no other tenant's VM or pool.
+    assert "spot" not in waiting["message"] and "acme" not in waiting["message"]
+    page = other_member_client.get(reverse("rentals:vm-detail", args=[train.pk])).content.decode()
+    assert f"protected until {until:%H:%M} UTC" in page
+
+    # Once the window has passed, the stale line no longer speaks for it.
+    PlanAction.objects.filter(vm=train, kind=Kind.UNSATISFIED).update(
+        waits_until=timezone.now() - timedelta(seconds=1)
+    )
+    assert other_member_api.get(f"/api/vms/{train.pk}/").json()["waiting"]["reason"] == (
+        "no_capacity"
+    )
