@@ -222,6 +222,8 @@ def _vm_to_dict(vm: Vm) -> dict:
         data["state"] = vm.state
     if vm.tenant is not None:
         data["tenant"] = vm.tenant
+    if vm.group is not None:
+        data["group"] = vm.group
     return data
 
 
@@ -231,7 +233,10 @@ _SET_FIELDS = (("name", "fabric", "gpu_model"), ())
 _NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
 _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ())
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
-_VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "state", "tenant"))
+_VM_FIELDS = (
+    ("id", "pool", "node", "gpus", "started_at"),
+    ("deployment", "state", "tenant", "group"),
+)
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
 
 
@@ -370,6 +375,7 @@ class _Reader:
         gpus, started = item.get("gpus"), item.get("started_at")
         deployment, tenant = item.get("deployment"), item.get("tenant")
         state = item.get("state", "running")
+        group = item.get("group")
         moment = self._parse_time(started) if type(started) is str else None
         if (
             moment is not None
@@ -380,9 +386,12 @@ class _Reader:
             and all(type(index) is int for index in gpus)
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
+            and (group is None or type(group) is str)
             and type(state) is str
         ):
-            return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
+            return Vm(
+                vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant, group
+            )
         return self._vm_slowly(item, label)
 
     def _vm_slowly(self, item: dict, label: str) -> Vm | None:
@@ -394,6 +403,7 @@ class _Reader:
         deployment = self.text(item, label, "deployment", optional=True)
         state = self.text(item, label, "state", optional=True) or "running"
         tenant = self.text(item, label, "tenant", optional=True)
+        group = self.text(item, label, "group", optional=True)
         if None in (vm_id, pool, node, gpus, started_at):
             return None
         return Vm(
@@ -405,6 +415,7 @@ class _Reader:
             deployment=deployment,
             state=state,
             tenant=tenant,
+            group=group,
         )
 
     def demand(self, item: dict, label: str) -> Demand | None:

@@ -31,12 +31,14 @@ its placements are tentative until the last demand fits, and are rolled back oth
    no placement can do without victims). A group nothing places is reported unsatisfied with
    the reason of its first attempt.
 2. A reclaim takes one whole partition of the node's table (rule 5); its victims are forced:
-   every VM holding a GPU of that partition. It is legal when no victim is on-demand (rule 1),
+   every VM holding a GPU of that partition, and every running member of their jobs (VMs
+   sharing a ``group``: a running job is reclaimed whole, wherever its members run; a job with
+   an on-demand member is never reclaimed). It is legal when no victim is on-demand (rule 1),
    under notice, or of a pool ranked at or above the demand's pool (rule 3), when it leaves
    every pool at or above its floor and every deployment at or above its ``min_replicas``,
    counting all earlier preemptions of the plan (rule 2), and when the partition has no failed
-   GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition become
-   free capacity for the rest of the plan.
+   GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition (on its
+   node or, for a job's members, on theirs) become free capacity for the rest of the plan.
 3. Least disruption (rule 7) is `disruption_cost`, compared as a tuple, smaller first:
 
        (-(rank of the highest-priority pool among the victims),
@@ -58,7 +60,9 @@ Indexes keep this fast on fleets of thousands of nodes. Per block size there is 
 node's best-fit free partition, and (built the first time a demand of that size needs a reclaim)
 an index of reclaims keyed by the cost above (`_Reclaims`). A node's entries are recomputed only
 when that node changes; stale entries carry an old node version and are dropped when they
-surface. Rank legality needs no separate index: the first element of the cost is minus the
+surface. A node's entries also name its jobs' members elsewhere, but stay correct: a member
+only leaves with its whole job, and a reclaim refreshes every node it takes a victim from.
+Rank legality needs no separate index: the first element of the cost is minus the
 highest-priority victim rank, so when the cheapest legal reclaim touches a pool ranked at or
 above the demand, no legal reclaim of that size exists. Floors are global, so reclaims are
 grouped by what they take from each pool and deployment: one check decides a whole group, and a
@@ -205,8 +209,10 @@ class _Vm:
     __slots__ = (
         "deployment",
         "gpus",
+        "group",
         "id",
         "mask",
+        "mates",
         "ngpus",
         "node",
         "pool",
@@ -227,6 +233,9 @@ class _Vm:
         self.ngpus = len(vm.gpus)
         self.started = _microseconds(vm.started_at)
         self.tenant = vm.tenant
+        self.group = vm.group
+        # The other running members of its job, reclaimed with it (see `_with_mates`).
+        self.mates: tuple[_Vm, ...] = ()
         # What preempting this VM alone takes (see _Reclaims).
         self.take = ((pool, self.ngpus),)
         if deployment is not None:
@@ -286,7 +295,7 @@ class _Reclaims:
                 continue
             if not mask & busy:
                 continue  # free: the free heap offers it
-            victims = [vm for vm in vms if vm.mask & mask]
+            victims = _with_mates([vm for vm in vms if vm.mask & mask])
             if len(victims) == 1:
                 vm = victims[0]
                 key = (-vm.rank, vm.ngpus, 1, -vm.started, node, (vm.id,), block)
@@ -438,6 +447,31 @@ def _count_by_size(demands: list[Demand]) -> dict[int, int]:
     return counts
 
 
+def _with_mates(victims: list[_Vm]) -> list[_Vm]:
+    """The victims of a reclaim: the VMs holding its partition's GPUs, plus every running
+    member of their jobs, wherever they run (a running job is reclaimed whole)."""
+    if not any(vm.mates for vm in victims):
+        return victims
+    ids = {vm.id for vm in victims}
+    whole = list(victims)
+    for vm in victims:
+        for mate in vm.mates:
+            if mate.id not in ids:
+                ids.add(mate.id)
+                whole.append(mate)
+    return whole
+
+
+def _job_sizes(victims: list[_Vm]) -> dict[str, tuple[int, int]]:
+    """Per job among the victims: how many of its VMs and GPUs the reclaim takes."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for vm in victims:
+        if vm.mates:
+            count, gpus = sizes.get(vm.group, (0, 0))
+            sizes[vm.group] = (count + 1, gpus + vm.ngpus)
+    return sizes
+
+
 def _combined_take(victims: list[_Vm]) -> tuple:
     gpus: dict[int, int] = {}
     replicas: dict[int, int] = {}
@@ -507,6 +541,15 @@ class _Planner:
 
     def _index_vms(self, snapshot: Snapshot) -> None:
         pools = self.pools
+        # Jobs with a running member that is never preempted (on-demand) keep all members.
+        pinned = {
+            vm.group
+            for vm in snapshot.vms
+            if vm.group is not None
+            and vm.state != "notified"
+            and pools[self.pool_index[vm.pool]].kind == "on_demand"
+        }
+        jobs: dict[str, list[_Vm]] = {}
         for vm in snapshot.vms:
             pool = self.pool_index[vm.pool]
             node = self.node_position[vm.node]
@@ -521,10 +564,17 @@ class _Planner:
             if vm.deployment is not None:
                 deployment = self.deployment_index[vm.deployment]
                 self.replicas[deployment] += 1
-            if pools[pool].kind == "on_demand":
-                self.fixed[node] |= mask  # rule 1: never preempted
+            if pools[pool].kind == "on_demand" or vm.group in pinned:
+                self.fixed[node] |= mask  # rule 1: never preempted (nor the rest of its job)
                 continue
-            self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
+            member = _Vm(vm, pool, pools[pool].rank, deployment, node)
+            self.node_vms[node].append(member)
+            if vm.group is not None:
+                jobs.setdefault(vm.group, []).append(member)
+        for members in jobs.values():
+            if len(members) > 1:
+                for member in members:
+                    member.mates = tuple(mate for mate in members if mate is not member)
         self.held_before = list(self.held)
         self.busy_before = list(self.busy)
 
@@ -786,6 +836,10 @@ class _Planner:
             limit = _REGION_RECLAIMS_PER_DEMAND * wanted[size]
             cost = bound[0] if bound is not None else None
             nodes.update(self._reclaims_of(size).nearest_nodes(cost, rank, limit))
+        # A reclaim there preempts whole jobs: their members' nodes are part of the outcome.
+        for node in list(nodes):
+            for vm in self.node_vms[node]:
+                nodes.update(mate.node for mate in vm.mates if self.ready[mate.node])
         return sorted(nodes)
 
     def _free_nodes(self, size: int, limit: int) -> list[int]:
@@ -806,7 +860,7 @@ class _Planner:
     def _place_steps(self, steps: list[tuple[Demand, int, int]]) -> None:
         for demand, node, block in steps:
             mask = self.tables[node].masks[block]
-            victims = [vm for vm in self.node_vms[node] if vm.mask & mask]
+            victims = _with_mates([vm for vm in self.node_vms[node] if vm.mask & mask])
             self._occupy(node, block, demand, victims)
 
     def _attempt_cost(self) -> tuple:
@@ -917,9 +971,19 @@ class _Planner:
         demand_pool = self.pools[self.pool_index[demand.pool]]
         node_name = self.node_names[node]
         self._victims.extend(victims)
+        jobs = _job_sizes(victims)
+        elsewhere = sorted({vm.node for vm in victims} - {node})
+        for other in elsewhere:
+            if other not in self._saved:
+                self._saved[other] = (
+                    self.busy[other],
+                    self.placed[other],
+                    self.fixed[other],
+                    list(self.node_vms[other]),
+                )
         for vm in victims:
-            self.node_vms[node].remove(vm)
-            self.busy[node] &= ~vm.mask
+            self.node_vms[vm.node].remove(vm)
+            self.busy[vm.node] &= ~vm.mask
             self._change(self.held, vm.pool, -vm.ngpus)
             pool = self.pools[vm.pool]
             replicas_after = 0
@@ -941,11 +1005,14 @@ class _Planner:
                 replicas_after=replicas_after,
                 min_replicas=(self.min_replicas[vm.deployment] if vm.deployment is not None else 0),
             )
+            if vm.mates:
+                count, gpus = jobs[vm.group]
+                reason += "; " + explain.job_reason(group=vm.group, vms=count, gpus=gpus)
             self.preemptions.append(
                 Preemption(
                     vm=vm.id,
                     pool=pool.name,
-                    node=node_name,
+                    node=self.node_names[vm.node],
                     gpus=vm.gpus,
                     for_demand=demand.id,
                     reason=reason,
@@ -965,6 +1032,9 @@ class _Planner:
             )
         )
         self._refresh(node)
+        for other in elsewhere:
+            self.busy[other] |= self.failed[other]
+            self._refresh(other)  # its job members left: free GPUs, and new reclaims
 
     def _change(self, counts: list[int], index: int, delta: int) -> None:
         self._saved_counts.append((counts, index, counts[index]))
