@@ -19,6 +19,8 @@ What goes in:
   unusable (as if failed) and the VM is left alone;
 - inference deployments of the pools with their ``min_replicas`` (no preemption takes one
   below it), and each replica VM naming its deployment;
+- each running or notified VM that is not an inference replica naming its job (``group``: the
+  demand group it was requested in), so a multi-VM job is reclaimed whole or not at all;
 - pending VMs as demands, one group each (the replicas of one inference scale-up step share
   theirs), each naming the node that still holds its disk, if any (``disk_node``: the arbiter
   prefers it when it fits as well), except VMs whose placement is under way: their GPUs are
@@ -252,6 +254,7 @@ class LiveCapacity:
                 state=SNAPSHOT_STATE[vm.state],
                 tenant=vm.tenant.slug,
                 deployment=self._deployment_of(vm, pools, pool_kind),
+                group=_job_of(vm),
             )
             nodes.hold(node_id, gpus)
 
@@ -394,6 +397,15 @@ class ClassNodes:
             self._arbiter_node(node, tuple(sorted(self.unusable[node_id])))
             for node_id, node in sorted(self.nodes.items(), key=lambda item: item[1].hostname)
         )
+
+
+def _job_of(vm: VirtualMachine) -> str | None:
+    """The running job a VM belongs to: the demand group it was requested in, kept after it
+    starts, so the arbiter reclaims the job whole. Inference replicas of one scale-up step
+    share a group too, but run independently once started: they carry none."""
+    if vm.deployment_id is not None or not vm.demand_group:
+        return None
+    return vm.demand_group
 
 
 def _cover(gpus: list[int], table) -> list[tuple[int, ...]] | None:
