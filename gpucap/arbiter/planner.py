@@ -295,12 +295,13 @@ class _Reclaims:
                 continue
             if not mask & busy:
                 continue  # free: the free heap offers it
-            victims = _with_mates([vm for vm in vms if vm.mask & mask])
-            if len(victims) == 1:
+            victims = [vm for vm in vms if vm.mask & mask]
+            if len(victims) == 1 and not victims[0].mates:
                 vm = victims[0]
                 key = (-vm.rank, vm.ngpus, 1, -vm.started, node, (vm.id,), block)
                 take = vm.take
             else:
+                victims = _with_mates(victims)
                 victims.sort(key=lambda vm: vm.id)
                 key = (
                     -min(vm.rank for vm in victims),

@@ -14,6 +14,7 @@ from gpucap.arbiter import SnapshotError, load_snapshot, plan
 from gpucap.arbiter.codec import snapshot_from_dict, snapshot_to_dict
 from gpucap.arbiter.explain import render_plan
 from gpucap.arbiter.model import Node
+from gpucap.arbiter.planner import _Planner, _Reclaims
 from tests.arbiter.fleets import demand, snapshot, snapshots, vm
 from tests.arbiter.rules import rule_violations
 
@@ -172,3 +173,34 @@ def test_nvswitch_a_running_job_is_never_partly_reclaimed(fleet):
 @given(snapshots(fabric="pcie", crowded=True, max_jobs=3))
 def test_pcie_a_running_job_is_never_partly_reclaimed(fleet):
     _never_partly_reclaimed(fleet)
+
+
+def _reclaim_index_is_current(fleet) -> None:
+    """After planning, every ready node's reclaim entries are what indexing it afresh gives,
+    although they name job members on other nodes that the plan may have preempted."""
+    planner = _Planner(fleet)
+    planner._prefer_disks = lambda: None  # moves free placements after the last reclaim
+    planner.run()
+    for size, reclaims in sorted(planner.reclaims.items()):
+        fresh = _Reclaims(planner, size)
+        assert reclaims.legal_top() == fresh.legal_top(), size
+        for node in planner.ready_nodes:
+            before = _named(reclaims.victims[node])
+            reclaims.index(node)
+            assert _named(reclaims.victims[node]) == before, (size, planner.node_names[node])
+
+
+def _named(victims_at: dict) -> dict:
+    return {block: sorted(vm.id for vm in vms) for block, vms in victims_at.items()}
+
+
+@PROPERTY
+@given(snapshots(crowded=True, max_jobs=3, max_demands=8))
+def test_the_reclaim_index_stays_current_when_a_members_node_changes(fleet):
+    _reclaim_index_is_current(fleet)
+
+
+@pytest.mark.parametrize("demands", [1, 2])
+def test_the_reclaim_index_of_the_node_a_job_left_is_current(demands):
+    wanted = [demand(f"od-{n}", "rent", 8, minute=n) for n in range(1, demands + 1)]
+    _reclaim_index_is_current(two_nodes(vms=job_vms(), demands=wanted))
