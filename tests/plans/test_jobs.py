@@ -10,6 +10,7 @@ from gpucap.fleet import services as fleet
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services
 from gpucap.plans.models import Plan, PlanAction
+from gpucap.plans.snapshot import LiveCapacity, capacity_set_snapshot
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from tests.rentals.vm_helpers import IMAGE, SSH_KEY, request_vm
@@ -52,6 +53,15 @@ def job(fleet_east, tenant, other_tenant) -> list[VirtualMachine]:
         rentals.vm_place(vm=vm, node=nodes[node], gpu_indices=gpus)
         members.append(rentals.vm_mark_running(vm=vm, ip_address=f"10.50.0.{n}"))
     return members
+
+
+def test_a_sets_snapshot_names_each_running_vms_job_and_the_standalone_one_does_not(h100, job):
+    snapshot = capacity_set_snapshot(h100).snapshot
+    assert {vm.id: vm.group for vm in snapshot.vms} == {vm.instance_id: JOB for vm in job}
+    # Outside a set, the standalone path stops a victim's job-mates itself.
+    live = LiveCapacity.load(nodes=h100.nodes.all(), pools=h100.pools.all())
+    standalone = live.snapshot((h100.gpu_model, h100.fabric), name="standalone")
+    assert {vm.group for vm in standalone.vms} == {None}
 
 
 def names(vms) -> list[str]:
