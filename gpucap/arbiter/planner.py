@@ -31,14 +31,15 @@ its placements are tentative until the last demand fits, and are rolled back oth
    no placement can do without victims). A group nothing places is reported unsatisfied with
    the reason of its first attempt.
 2. A reclaim takes one whole partition of the node's table (rule 5); its victims are forced:
-   every VM holding a GPU of that partition, and every running member of their jobs (VMs
-   sharing a ``group``: a running job is reclaimed whole, wherever its members run; a job with
-   an on-demand member is never reclaimed). It is legal when no victim is on-demand (rule 1),
+   every VM holding a GPU of that partition. It is legal when no victim is on-demand (rule 1),
    under notice, or of a pool ranked at or above the demand's pool (rule 3), when it leaves
    every pool at or above its floor and every deployment at or above its ``min_replicas``,
    counting all earlier preemptions of the plan (rule 2), and when the partition has no failed
    GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition (on its
    node or, for a job's members, on theirs) become free capacity for the rest of the plan.
+   Victims include every running member of their jobs (VMs sharing a ``group``): a running
+   job is reclaimed whole, wherever its members run, each member a victim checked as above,
+   and a job with a member that may not be preempted is never reclaimed.
 3. Least disruption (rule 7) is `disruption_cost`, compared as a tuple, smaller first:
 
        (-(rank of the highest-priority pool among the victims),
@@ -542,15 +543,6 @@ class _Planner:
 
     def _index_vms(self, snapshot: Snapshot) -> None:
         pools = self.pools
-        # Jobs with a running member that is never preempted (on-demand) keep all members.
-        pinned = {
-            vm.group
-            for vm in snapshot.vms
-            if vm.group is not None
-            and vm.state != "notified"
-            and pools[self.pool_index[vm.pool]].kind == "on_demand"
-        }
-        jobs: dict[str, list[_Vm]] = {}
         for vm in snapshot.vms:
             pool = self.pool_index[vm.pool]
             node = self.node_position[vm.node]
@@ -565,19 +557,37 @@ class _Planner:
             if vm.deployment is not None:
                 deployment = self.deployment_index[vm.deployment]
                 self.replicas[deployment] += 1
-            if pools[pool].kind == "on_demand" or vm.group in pinned:
-                self.fixed[node] |= mask  # rule 1: never preempted (nor the rest of its job)
+            if pools[pool].kind == "on_demand":
+                self.fixed[node] |= mask  # rule 1: never preempted
                 continue
-            member = _Vm(vm, pool, pools[pool].rank, deployment, node)
-            self.node_vms[node].append(member)
-            if vm.group is not None:
-                jobs.setdefault(vm.group, []).append(member)
-        for members in jobs.values():
-            if len(members) > 1:
-                for member in members:
-                    member.mates = tuple(mate for mate in members if mate is not member)
+            self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
+        self._index_jobs(snapshot)
         self.held_before = list(self.held)
         self.busy_before = list(self.busy)
+
+    def _index_jobs(self, snapshot: Snapshot) -> None:
+        """Running jobs (VMs sharing a group) are reclaimed whole: each member learns its
+        mates. A job with a running member no reclaim may take (on-demand, or any other VM
+        indexing left out of ``node_vms``) keeps every member: they become fixed too."""
+        if all(vm.group is None for vm in snapshot.vms):
+            return
+        jobs: dict[str, list[_Vm]] = {}
+        for vms in self.node_vms:
+            for member in vms:
+                if member.group is not None:
+                    jobs.setdefault(member.group, []).append(member)
+        running: dict[str, int] = {}
+        for vm in snapshot.vms:
+            if vm.group is not None and vm.state != "notified":
+                running[vm.group] = running.get(vm.group, 0) + 1
+        for group, members in jobs.items():
+            if len(members) < running[group]:  # a member may not be preempted: none may
+                for member in members:
+                    self.node_vms[member.node].remove(member)
+                    self.fixed[member.node] |= member.mask
+            elif len(members) > 1:
+                for member in members:
+                    member.mates = tuple(mate for mate in members if mate is not member)
 
     def _build_free_heaps(self) -> None:
         heaps: dict[int, list] = {}

@@ -106,12 +106,13 @@ def snapshots(
     max_groups: int = 4,
     victim_kinds: tuple[str, ...] | None = None,
     crowded: bool = False,
-    max_jobs: int = 2,
+    max_jobs: int = 0,
 ) -> Snapshot:
     """A random, valid capacity set: nodes of both fabrics with default, HGX and crossed
     tables, failed GPUs and cordoned nodes; 2-4 ranked pools with floors; inference deployments
     with min_replicas; running and notified VMs, some of them in up to ``max_jobs`` running
-    multi-VM jobs (2-4 VMs sharing a group, on one node or several, any pools); demands alone
+    multi-VM jobs (2-4 VMs sharing a group, on one node or several, any pools; none by default,
+    for references that do not model jobs); demands alone
     or in up to ``max_groups`` shared groups. ``max_groups=0`` makes every demand a group of
     one. ``crowded`` fills the nodes up, so that most demands need a reclaim."""
     fabric = fabric or draw(st.sampled_from(("nvswitch", "pcie")))
