@@ -375,7 +375,6 @@ class _Reader:
         gpus, started = item.get("gpus"), item.get("started_at")
         deployment, tenant = item.get("deployment"), item.get("tenant")
         state = item.get("state", "running")
-        group = item.get("group")
         moment = self._parse_time(started) if type(started) is str else None
         if (
             moment is not None
@@ -386,12 +385,10 @@ class _Reader:
             and all(type(index) is int for index in gpus)
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
-            and (group is None or type(group) is str)
+            and "group" not in item  # a job member: read by _vm_slowly
             and type(state) is str
         ):
-            return Vm(
-                vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant, group
-            )
+            return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
         return self._vm_slowly(item, label)
 
     def _vm_slowly(self, item: dict, label: str) -> Vm | None:
