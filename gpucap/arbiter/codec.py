@@ -241,6 +241,8 @@ def _vm_to_dict(vm: Vm) -> dict:
         data["state"] = vm.state
     if vm.tenant is not None:
         data["tenant"] = vm.tenant
+    if vm.group is not None:
+        data["group"] = vm.group
     return data
 
 
@@ -250,7 +252,10 @@ _SET_FIELDS = (("name", "fabric", "gpu_model"), ())
 _NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
 _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ("protect_seconds",))
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
-_VM_FIELDS = (("id", "pool", "node", "gpus", "started_at"), ("deployment", "state", "tenant"))
+_VM_FIELDS = (
+    ("id", "pool", "node", "gpus", "started_at"),
+    ("deployment", "state", "tenant", "group"),
+)
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
 
 
@@ -496,6 +501,7 @@ class _Reader:
             and _all_ints(gpus)
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
+            and "group" not in item  # a job member: read by _vm_slowly
             and type(state) is str
         ):
             return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
@@ -510,6 +516,7 @@ class _Reader:
         deployment = self.text(item, label, "deployment", optional=True)
         state = self.text(item, label, "state", optional=True) or "running"
         tenant = self.text(item, label, "tenant", optional=True)
+        group = self.text(item, label, "group", optional=True)
         if None in (vm_id, pool, node, gpus, started_at):
             return None
         return Vm(
@@ -521,6 +528,7 @@ class _Reader:
             deployment=deployment,
             state=state,
             tenant=tenant,
+            group=group,
         )
 
     def demand(self, item: dict, label: str) -> Demand | None:

@@ -51,6 +51,11 @@ def preemption_reason(
     return reason
 
 
+def job_reason(*, group: str, vms: int, gpus: int) -> str:
+    """A running multi-VM job is reclaimed whole: what the reclaim takes of it."""
+    return f"reclaimed with its job: reclaims job {group}: {vms} VMs, {_gpus(gpus)}, together"
+
+
 def floor_reason(*, block: str, pool: str, floor_gpus: int, held: int) -> str:
     return (
         f"no free {block}, and reclaiming one would take pool {pool} below its floor of "

@@ -16,6 +16,12 @@ file is read unchanged):
   held GPUs or its deployment's replicas, since it is leaving.
 - VM ``"tenant"``: any string, passed through to the VM's preemption as ``"tenant"`` so the
   operator preview can say whose VM gets a notice.
+- VM ``"group"``: a non-empty string naming the running job the VM belongs to (a multi-VM
+  job started together from one demand group). VMs of a set sharing a group are one running
+  job and are reclaimed whole or not at all: a reclaim that takes any running member's GPUs
+  preempts every running (not notified) member, wherever it runs, each victim checked as
+  usual (rules 1-3), and the disruption (rule 7) counts them all. A group with a member that
+  may never be preempted (on-demand) keeps every member. Absent means a job of one VM.
 - demand ``"disk_node"``: the node that still holds the disk of a VM waiting to resume (a
   reclaimed spot VM keeps its disk there). Once the plan is made, a placement of that demand on
   free capacity moves to that node when it has an equally good free partition: a preference
@@ -90,6 +96,7 @@ class Vm:
     deployment: str | None = None
     state: str = "running"
     tenant: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

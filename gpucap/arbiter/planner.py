@@ -37,8 +37,11 @@ its placements are tentative until the last demand fits, and are rolled back oth
    when it leaves
    every pool at or above its floor and every deployment at or above its ``min_replicas``,
    counting all earlier preemptions of the plan (rule 2), and when the partition has no failed
-   GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition become
-   free capacity for the rest of the plan.
+   GPU and no GPU given earlier in the plan. GPUs a victim frees outside the partition (on its
+   node or, for a job's members, on theirs) become free capacity for the rest of the plan.
+   Victims include every running member of their jobs (VMs sharing a ``group``): a running
+   job is reclaimed whole, wherever its members run, each member a victim checked as above,
+   and a job with a member that may not be preempted is never reclaimed.
 3. Least disruption (rule 7) is `disruption_cost`, compared as a tuple, smaller first:
 
        (-(rank of the highest-priority pool among the victims),
@@ -66,7 +69,9 @@ Indexes keep this fast on fleets of thousands of nodes. Per block size there is 
 node's best-fit free partition, and (built the first time a demand of that size needs a reclaim)
 an index of reclaims keyed by the cost above (`_Reclaims`). A node's entries are recomputed only
 when that node changes; stale entries carry an old node version and are dropped when they
-surface. Rank legality needs no separate index: the first element of the cost is minus the
+surface. A node's entries also name its jobs' members elsewhere, but stay correct: a member
+only leaves with its whole job, and a reclaim refreshes every node it takes a victim from.
+Rank legality needs no separate index: the first element of the cost is minus the
 highest-priority victim rank, so when the cheapest legal reclaim touches a pool ranked at or
 above the demand, no legal reclaim of that size exists. Floors are global, so reclaims are
 grouped by what they take from each pool and deployment: one check decides a whole group, and a
@@ -234,8 +239,10 @@ class _Vm:
     __slots__ = (
         "deployment",
         "gpus",
+        "group",
         "id",
         "mask",
+        "mates",
         "ngpus",
         "node",
         "pool",
@@ -256,6 +263,9 @@ class _Vm:
         self.ngpus = len(vm.gpus)
         self.started = _microseconds(vm.started_at)
         self.tenant = vm.tenant
+        self.group = vm.group
+        # The other running members of its job, reclaimed with it (see `_with_mates`).
+        self.mates: tuple[_Vm, ...] = ()
         # What preempting this VM alone takes (see _Reclaims).
         self.take = ((pool, self.ngpus),)
         if deployment is not None:
@@ -317,11 +327,12 @@ class _Reclaims:
             if not mask & busy:
                 continue  # free: the free heap offers it
             victims = [vm for vm in vms if vm.mask & mask]
-            if len(victims) == 1:
+            if len(victims) == 1 and not victims[0].mates:
                 vm = victims[0]
                 key = (-vm.rank, vm.ngpus, 1, -vm.started, node, (vm.id,), block)
                 take = vm.take
             else:
+                victims = _with_mates(victims)
                 victims.sort(key=lambda vm: vm.id)
                 key = (
                     -min(vm.rank for vm in victims),
@@ -468,6 +479,31 @@ def _count_by_size(demands: list[Demand]) -> dict[int, int]:
     return counts
 
 
+def _with_mates(victims: list[_Vm]) -> list[_Vm]:
+    """The victims of a reclaim: the VMs holding its partition's GPUs, plus every running
+    member of their jobs, wherever they run (a running job is reclaimed whole)."""
+    if not any(vm.mates for vm in victims):
+        return victims
+    ids = {vm.id for vm in victims}
+    whole = list(victims)
+    for vm in victims:
+        for mate in vm.mates:
+            if mate.id not in ids:
+                ids.add(mate.id)
+                whole.append(mate)
+    return whole
+
+
+def _job_sizes(victims: list[_Vm]) -> dict[str, tuple[int, int]]:
+    """Per job among the victims: how many of its VMs and GPUs the reclaim takes."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for vm in victims:
+        if vm.mates:
+            count, gpus = sizes.get(vm.group, (0, 0))
+            sizes[vm.group] = (count + 1, gpus + vm.ngpus)
+    return sizes
+
+
 def _combined_take(victims: list[_Vm]) -> tuple:
     gpus: dict[int, int] = {}
     replicas: dict[int, int] = {}
@@ -577,8 +613,33 @@ class _Planner:
                 self.protected_gpus[node] |= mask
                 continue
             self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
+        self._index_jobs(snapshot)
         self.held_before = list(self.held)
         self.busy_before = list(self.busy)
+
+    def _index_jobs(self, snapshot: Snapshot) -> None:
+        """Running jobs (VMs sharing a group) are reclaimed whole: each member learns its
+        mates. A job with a running member no reclaim may take (on-demand, or any other VM
+        indexing left out of ``node_vms``) keeps every member: they become fixed too."""
+        if all(vm.group is None for vm in snapshot.vms):
+            return
+        jobs: dict[str, list[_Vm]] = {}
+        for vms in self.node_vms:
+            for member in vms:
+                if member.group is not None:
+                    jobs.setdefault(member.group, []).append(member)
+        running: dict[str, int] = {}
+        for vm in snapshot.vms:
+            if vm.group is not None and vm.state != "notified":
+                running[vm.group] = running.get(vm.group, 0) + 1
+        for group, members in jobs.items():
+            if len(members) < running[group]:  # a member may not be preempted: none may
+                for member in members:
+                    self.node_vms[member.node].remove(member)
+                    self.fixed[member.node] |= member.mask
+            elif len(members) > 1:
+                for member in members:
+                    member.mates = tuple(mate for mate in members if mate is not member)
 
     def _build_free_heaps(self) -> None:
         heaps: dict[int, list] = {}
@@ -843,6 +904,10 @@ class _Planner:
             limit = _REGION_RECLAIMS_PER_DEMAND * wanted[size]
             cost = bound[0] if bound is not None else None
             nodes.update(self._reclaims_of(size).nearest_nodes(cost, rank, limit))
+        # A reclaim there preempts whole jobs: their members' nodes are part of the outcome.
+        for node in list(nodes):
+            for vm in self.node_vms[node]:
+                nodes.update(mate.node for mate in vm.mates if self.ready[mate.node])
         return sorted(nodes)
 
     def _free_nodes(self, size: int, limit: int) -> list[int]:
@@ -863,7 +928,7 @@ class _Planner:
     def _place_steps(self, steps: list[tuple[Demand, int, int]]) -> None:
         for demand, node, block in steps:
             mask = self.tables[node].masks[block]
-            victims = [vm for vm in self.node_vms[node] if vm.mask & mask]
+            victims = _with_mates([vm for vm in self.node_vms[node] if vm.mask & mask])
             self._occupy(node, block, demand, victims)
 
     def _attempt_cost(self) -> tuple:
@@ -974,9 +1039,19 @@ class _Planner:
         demand_pool = self.pools[self.pool_index[demand.pool]]
         node_name = self.node_names[node]
         self._victims.extend(victims)
+        jobs = _job_sizes(victims)
+        elsewhere = sorted({vm.node for vm in victims} - {node})
+        for other in elsewhere:
+            if other not in self._saved:
+                self._saved[other] = (
+                    self.busy[other],
+                    self.placed[other],
+                    self.fixed[other],
+                    list(self.node_vms[other]),
+                )
         for vm in victims:
-            self.node_vms[node].remove(vm)
-            self.busy[node] &= ~vm.mask
+            self.node_vms[vm.node].remove(vm)
+            self.busy[vm.node] &= ~vm.mask
             self._change(self.held, vm.pool, -vm.ngpus)
             pool = self.pools[vm.pool]
             replicas_after = 0
@@ -998,11 +1073,14 @@ class _Planner:
                 replicas_after=replicas_after,
                 min_replicas=(self.min_replicas[vm.deployment] if vm.deployment is not None else 0),
             )
+            if vm.mates:
+                count, gpus = jobs[vm.group]
+                reason += "; " + explain.job_reason(group=vm.group, vms=count, gpus=gpus)
             self.preemptions.append(
                 Preemption(
                     vm=vm.id,
                     pool=pool.name,
-                    node=node_name,
+                    node=self.node_names[vm.node],
                     gpus=vm.gpus,
                     for_demand=demand.id,
                     reason=reason,
@@ -1022,6 +1100,9 @@ class _Planner:
             )
         )
         self._refresh(node)
+        for other in elsewhere:
+            self.busy[other] |= self.failed[other]
+            self._refresh(other)  # its job members left: free GPUs, and new reclaims
 
     def _change(self, counts: list[int], index: int, delta: int) -> None:
         self._saved_counts.append((counts, index, counts[index]))

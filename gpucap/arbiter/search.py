@@ -19,6 +19,12 @@ one partition of its size on a ready node, disjoint from the partitions earlier 
   ranked strictly below the demand's), and when every pool and deployment stays at or above its
   floor, counting the group's earlier steps (rule 2).
 
+A reclaim step's victims include every running member of their jobs (VMs sharing a group),
+wherever they run: their GPUs are freed too, and their nodes count as touched. A job's weight
+is shared out over partitions by the part of the whole job's GPUs inside, so the lower bound
+below still never counts a victim twice, and a VM is "wholly inside" a partition only when
+its whole job is.
+
 A placement's disruption is `planner.disruption_cost` of all its victims (rule 7), ties broken
 by the victims' sorted nodes, then their sorted ids. That is exactly what the referee in
 tests/arbiter/rules.py accepts, so any step order the search picks is a valid plan.
@@ -101,6 +107,7 @@ class _Block:
     __slots__ = (
         "full",
         "index",
+        "inside",
         "inside_rank",
         "mask",
         "occupants",
@@ -118,7 +125,16 @@ class _Block:
         self.size = table.sizes[index]
         # Free blocks that overlap the same other blocks are interchangeable.
         self.twin = table.overlaps[index]
-        self.occupants = occupants  # positions in GroupSearch.vms
+        # Positions in GroupSearch.vms: the VMs holding the block's GPUs, then the other
+        # running members of their jobs (reclaimed with them), wherever they run.
+        direct = occupants
+        occupants = search.with_mates(occupants)
+        self.occupants = occupants
+        # GPUs of each job (a lone VM is a job of one) lying inside the block.
+        job_inside: dict[int, int] = {}
+        for p in direct:
+            job = search.job[p]
+            job_inside[job] = job_inside.get(job, 0) + (search.vms[p].mask & mask).bit_count()
         # The rank of the most important pool among the occupants: a demand may reclaim the
         # block only if ranked above it.
         rank = _NO_RANK
@@ -128,17 +144,23 @@ class _Block:
         # The occupants' weights, whole and shared out by the part of their GPUs inside.
         full = shared = _ZERO
         shares = []
+        inside_vms = []
         for p in occupants:
             vm = search.vms[p]
             rank = min(rank, vm.rank)
-            if not vm.mask & ~mask:
+            # A job's weight is shared out by the part of the whole job's GPUs inside, so
+            # disjoint blocks never count one victim twice.
+            job = search.job[p]
+            inside, total = job_inside.get(job, 0), search.job_gpus[job]
+            if inside == total:
                 inside_rank = min(inside_rank, vm.rank)
+                inside_vms.append(p)
             weight = search.weights[p]
             full = _add(full, weight)
-            inside = (vm.mask & mask).bit_count()
-            share = weight if inside == vm.ngpus else _scale(weight, inside, vm.ngpus)
+            share = weight if inside == total else _scale(weight, inside, total)
             shared = _add(shared, share)
             shares.append((p, share))
+        self.inside = frozenset(inside_vms)
         self.rank = rank
         self.inside_rank = inside_rank
         self.x = -rank if occupants else None
@@ -205,6 +227,7 @@ class GroupSearch:
         self.vms: list = []
         for _, _, _, vms in nodes:
             self.vms.extend(vms)
+        self._index_jobs(len(nodes))
         self.vm_rank = [vm.rank for vm in self.vms]
         self.weights = [(_SHARES * vm.ngpus, _SHARES, -_SHARES * vm.started) for vm in self.vms]
         # blocks[region node][size]: the partitions of that size no fixed GPU or unpreemptable
@@ -214,6 +237,8 @@ class GroupSearch:
         for _, table, fixed, vms in nodes:
             first = position
             position += len(vms)
+            for p in range(first, position):
+                self.vm_node[p] = len(self.node_vms)
             self.node_vms.append(range(first, position))
             # GPUs of VMs that no demand of the group may preempt keep their blocks, too.
             kept = fixed
@@ -228,7 +253,9 @@ class GroupSearch:
                     mask = table.masks[index]
                     if not mask & kept:
                         occupants = tuple(p for p, vm_mask in masks if vm_mask & mask)
-                        usable.append(_Block(index, table, occupants, self))
+                        block = _Block(index, table, occupants, self)
+                        if block.rank > self.best_rank:  # no job member kept elsewhere
+                            usable.append(block)
                 by_size[size] = usable
             self.blocks.append(by_size)
         # Nodes with a partition of each size free from the start.
@@ -254,6 +281,38 @@ class GroupSearch:
                         twins.add(block.twin)
                         offered.append((self._fit(r, block), r, block))
             self.free_lists[size] = offered
+
+    def _index_jobs(self, region_nodes: int) -> None:
+        """Running jobs: members outside the region join ``vms`` (after the region's VMs, on
+        no region node); ``job[p]`` numbers each VM's job, ``mates[p]`` lists the others."""
+        position = {vm.id: p for p, vm in enumerate(self.vms)}
+        self.region_vms = len(self.vms)
+        for p in range(self.region_vms):
+            for mate in self.vms[p].mates:
+                if mate.id not in position:
+                    position[mate.id] = len(self.vms)
+                    self.vms.append(mate)
+        self.job = list(range(len(self.vms)))
+        self.mates: list[tuple[int, ...]] = [()] * len(self.vms)
+        for p, vm in enumerate(self.vms):
+            if vm.mates:
+                members = sorted([p, *(position[mate.id] for mate in vm.mates)])
+                self.job[p] = members[0]
+                self.mates[p] = tuple(q for q in members if q != p)
+        self.job_gpus = [0] * len(self.vms)
+        for p, vm in enumerate(self.vms):
+            self.job_gpus[self.job[p]] += vm.ngpus
+        # The region node of each VM (-1 outside the region), filled in by the caller's loop.
+        self.vm_node = [-1] * len(self.vms)
+        self.touch = [0] * region_nodes
+
+    def with_mates(self, occupants: tuple[int, ...]) -> tuple[int, ...]:
+        if not any(self.mates[p] for p in occupants):
+            return occupants
+        whole = set(occupants)
+        for p in occupants:
+            whole.update(self.mates[p])
+        return tuple(sorted(whole))
 
     # -- the levels --------------------------------------------------------------------------
 
@@ -284,8 +343,10 @@ class GroupSearch:
         self.x = x
         count = len(self.blocks)
         self.taken = [0] * count
-        self.touched: list[int] = []  # region nodes some step took a block of, in step order
+        # Region nodes some step took a block of or preempted a job member on, in step order.
+        self.touched: list[int] = []
         self.is_touched = [False] * count
+        self.touch = [0] * count  # steps that touched each region node
         self.preempted = [False] * len(self.vms)
         self.victims: list[int] = []
         self.weight = _ZERO
@@ -379,6 +440,8 @@ class GroupSearch:
         last_r, last_block, last_victims = last_reclaim
         if any(p in last_victims for p in block.occupants):
             return False  # the last reclaim freed part of this block
+        if any(self.vm_node[p] != r for p in new):
+            return False  # it frees GPUs of job members on other nodes too
         # The last reclaim must stay legal after this one: no free partition of its size.
         return not self._frees(r, block, new, last_r, last_block, last_victims)
 
@@ -471,7 +534,7 @@ class GroupSearch:
                 for p, share in block.shares:
                     if not self.preempted[p]:
                         weight = _add(weight, share)
-                        if not self.vms[p].mask & ~block.mask:
+                        if p in block.inside:
                             inside = min(inside, self.vm_rank[p])
                 if loosest < inside:
                     candidates.append((weight, inside))
@@ -601,10 +664,21 @@ class GroupSearch:
             self.replicas[d] - amount >= self.min_replicas[d] for d, amount in replicas.items()
         )
 
+    def _touched_by(self, r: int, new: tuple) -> list[int]:
+        """The region nodes a step touches: its own, and those of the job members it frees."""
+        nodes = [r]
+        for p in new:
+            other = self.vm_node[p]
+            if other >= 0 and other not in nodes:
+                nodes.append(other)
+        return nodes
+
     def _take(self, kind: int, r: int, block: _Block, new: tuple, weight: tuple) -> None:
-        if not self.taken[r]:
-            self.touched.append(r)
-            self.is_touched[r] = True
+        for node in self._touched_by(r, new):
+            self.touch[node] += 1
+            if self.touch[node] == 1:
+                self.touched.append(node)
+                self.is_touched[node] = True
         self.taken[r] |= block.mask
         for p in new:
             vm = self.vms[p]
@@ -636,9 +710,11 @@ class GroupSearch:
             if vm.deployment is not None:
                 self.replicas[vm.deployment] += 1
         self.taken[r] &= ~block.mask
-        if not self.taken[r]:
-            self.touched.remove(r)
-            self.is_touched[r] = False
+        for node in self._touched_by(r, new):
+            self.touch[node] -= 1
+            if not self.touch[node]:
+                self.touched.remove(node)
+                self.is_touched[node] = False
 
 
 def _order(item: tuple) -> tuple:

@@ -238,6 +238,8 @@ def _check_vms(
             problems.append(
                 f"{label}: state must be one of {_choices(VM_STATES)}, got {vm.state!r}"
             )
+        if vm.group is not None and (type(vm.group) is not str or not vm.group.strip()):
+            problems.append(f"{label}: group must be a non-empty job name, got {vm.group!r}")
         if vm.deployment is not None:
             deployment = deployment_by_name.get(vm.deployment)
             if deployment is None:

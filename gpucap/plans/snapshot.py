@@ -20,6 +20,9 @@ What goes in:
   unusable (as if failed) and the VM is left alone;
 - inference deployments of the pools with their ``min_replicas`` (no preemption takes one
   below it), and each replica VM naming its deployment;
+- in a capacity set, each running or notified VM that is not an inference replica naming its
+  job (``group``: the demand group it was requested in), so the arbiter reclaims a multi-VM
+  job whole or not at all (outside a set, `standalone` stops a victim's job-mates itself);
 - pending VMs as demands, one group each (the replicas of one inference scale-up step share
   theirs), each naming the node that still holds its disk, if any (``disk_node``: the arbiter
   prefers it when it fits as well), except VMs whose placement is under way: their GPUs are
@@ -198,10 +201,13 @@ class LiveCapacity:
         name: str,
         pool_kind: Callable[[Pool], str] = lambda pool: pool.kind,
         extra_demands: Iterable[am.Demand] = (),
+        jobs: bool = False,
     ) -> am.Snapshot:
         """The arbiter's snapshot of this capacity's nodes and pools of one hardware class.
         ``pool_kind`` maps a pool to the kind the arbiter sees; ``extra_demands`` are added
-        after the pending VMs (a what-if)."""
+        after the pending VMs (a what-if); ``jobs`` names each VM's running job (`_job_of`),
+        so the arbiter reclaims multi-VM jobs whole (a capacity set: the standalone path stops
+        a victim's job-mates itself, at once)."""
         gpu_model, fabric = hardware
         pools = {
             pool_id: pool
@@ -217,7 +223,7 @@ class LiveCapacity:
             },
             self.failed,
         )
-        vms = list(self._holding_vms(pools, nodes, pool_kind))
+        vms = list(self._holding_vms(pools, nodes, pool_kind, jobs=jobs))
         vms.extend(self._reservations(pools, nodes))
         snapshot_pools = [
             am.Pool(
@@ -253,7 +259,12 @@ class LiveCapacity:
         )
 
     def _holding_vms(
-        self, pools: dict[int, Pool], nodes: ClassNodes, pool_kind: Callable[[Pool], str]
+        self,
+        pools: dict[int, Pool],
+        nodes: ClassNodes,
+        pool_kind: Callable[[Pool], str],
+        *,
+        jobs: bool = False,
     ) -> Iterable[am.Vm]:
         for vm_id, by_node in sorted(self.held.items()):
             vm = self.holders[vm_id]
@@ -285,6 +296,7 @@ class LiveCapacity:
                 state=SNAPSHOT_STATE[vm.state],
                 tenant=vm.tenant.slug,
                 deployment=self._deployment_of(vm, pools, pool_kind),
+                group=_job_of(vm) if jobs else None,
             )
             nodes.hold(node_id, gpus)
 
@@ -429,6 +441,15 @@ class ClassNodes:
         )
 
 
+def _job_of(vm: VirtualMachine) -> str | None:
+    """The running job a VM belongs to: the demand group it was requested in, kept after it
+    starts, so the arbiter reclaims the job whole. Inference replicas of one scale-up step
+    share a group too, but run independently once started: they carry none."""
+    if vm.deployment_id is not None or not vm.demand_group:
+        return None
+    return vm.demand_group
+
+
 def _cover(gpus: list[int], table) -> list[tuple[int, ...]] | None:
     """Partitions of the table that together are exactly ``gpus`` (largest first), or None."""
     left = gpu_mask(gpus)
@@ -479,6 +500,7 @@ def capacity_set_snapshot(
         (capacity_set.gpu_model, capacity_set.fabric),
         name=capacity_set.name,
         extra_demands=extra_demands,
+        jobs=True,
     )
     return SetSnapshot(
         capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live

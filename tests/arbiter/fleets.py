@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -108,12 +109,15 @@ def snapshots(
     max_groups: int = 4,
     victim_kinds: tuple[str, ...] | None = None,
     crowded: bool = False,
+    max_jobs: int = 0,
 ) -> Snapshot:
     """A random, valid capacity set: nodes of both fabrics with default, HGX and crossed
     tables, failed GPUs and cordoned nodes; 2-4 ranked pools with floors; inference deployments
-    with min_replicas; running and notified VMs; demands alone or in up to ``max_groups``
-    shared groups. ``max_groups=0`` makes every demand a group of one. ``crowded`` fills the
-    nodes up, so that most demands need a reclaim."""
+    with min_replicas; running and notified VMs, some of them in up to ``max_jobs`` running
+    multi-VM jobs (2-4 VMs sharing a group, on one node or several, any pools; none by default,
+    for references that do not model jobs); demands alone
+    or in up to ``max_groups`` shared groups. ``max_groups=0`` makes every demand a group of
+    one. ``crowded`` fills the nodes up, so that most demands need a reclaim."""
     fabric = fabric or draw(st.sampled_from(("nvswitch", "pcie")))
     pool_count = draw(st.integers(2, 4))
     kind_choices = victim_kinds or ("spot", "spot", "inference", "on_demand")
@@ -177,6 +181,7 @@ def snapshots(
                     tenant=draw(st.sampled_from((None, "acme", "globex"))),
                 )
             )
+    vms = _with_jobs(draw, vms, max_jobs)
     sizes = (1,) if fabric == "pcie" else (1, 1, 2, 2, 4, 4, 8)
     demand_count = draw(st.integers(min_demands, max_demands))
     demands = []
@@ -202,6 +207,25 @@ def snapshots(
         deployments=tuple(deployments),
         now=at(600),
     )
+
+
+def _with_jobs(draw, vms: list[Vm], max_jobs: int) -> list[Vm]:
+    """Group some VMs into running jobs: mostly of one pool (as a tenant's job is), sometimes
+    mixed, so that a member of another pool or under notice is part of the job."""
+    free = list(range(len(vms)))
+    for job in range(draw(st.integers(0, max_jobs))):
+        if len(free) < 2:
+            break
+        members = draw(st.lists(st.sampled_from(free), min_size=2, max_size=4, unique=True))
+        same_pool = draw(st.booleans())
+        for position in members:
+            free.remove(position)
+            extra = {"group": f"acme/job-{job + 1}"}
+            if same_pool:
+                extra["pool"] = vms[members[0]].pool
+                extra["deployment"] = vms[members[0]].deployment
+            vms[position] = dataclasses.replace(vms[position], **extra)
+    return vms
 
 
 def reclaim_scenario(rng: random.Random, *, max_nodes: int = 6, max_demands: int = 4) -> Snapshot:

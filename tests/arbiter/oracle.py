@@ -37,6 +37,10 @@ class Oracle:
         self.rank = {pool.name: pool.rank for pool in snapshot.pools}
         self.vms = {vm.id: vm for vm in snapshot.vms}
         self.min_replicas = {d.name: d.min_replicas for d in snapshot.deployments}
+        self.jobs: dict[str, list[str]] = {}
+        for vm in snapshot.vms:
+            if vm.group is not None and vm.state == "running":
+                self.jobs.setdefault(vm.group, []).append(vm.id)
         self.holder: dict[tuple[str, int], str] = {}
         for vm in snapshot.vms:
             for index in vm.gpus:
@@ -162,6 +166,16 @@ class Oracle:
         )
         if occupants and not allow_reclaim:
             return None
+        # A running job is reclaimed whole: every running member, wherever it runs.
+        occupants = sorted(
+            set(occupants).union(
+                *(
+                    [m for m in self.jobs[self.vms[v].group] if m in fleet.running]
+                    for v in occupants
+                    if self.vms[v].group in self.jobs
+                )
+            )
+        )
         held = dict(fleet.held)
         replicas = dict(fleet.replicas)
         for vm_id in occupants:

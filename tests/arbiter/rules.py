@@ -82,6 +82,20 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if not p.reason:
             problems.append(f"preemption of {p.vm} has no reason")
 
+    # Running jobs are reclaimed whole or not at all.
+    jobs: dict[str, list[str]] = {}
+    for vm in snapshot.vms:
+        if vm.group is not None and vm.state == "running":
+            jobs.setdefault(vm.group, []).append(vm.id)
+    for job, members in jobs.items():
+        stopped = [m for m in members if m in preempted]
+        if stopped and len(stopped) != len(members):
+            problems.append(
+                f"job {job} partly reclaimed: {len(stopped)} of its {len(members)} running VMs"
+            )
+        elif len({preempted[m] for m in stopped}) > 1:
+            problems.append(f"job {job} reclaimed for several demands")
+
     # Rule 2: floors and min_replicas, counted over the whole plan.
     held = dict.fromkeys(pools, 0)
     replicas = dict.fromkeys(deployments, 0)
@@ -140,7 +154,16 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
                 problems.append(f"placement of {demand.id} lists {vm_id}, not preempted for it")
                 continue
             vm = vms[vm_id]
-            if vm.node != node.name or not set(vm.gpus) & set(gpus):
+            in_block = vm.node == node.name and bool(set(vm.gpus) & set(gpus))
+            # ... or reclaimed with its running job, a member of which is in the block.
+            with_job = vm.group is not None and any(
+                vms[other].group == vm.group
+                and vms[other].node == node.name
+                and set(vms[other].gpus) & set(gpus)
+                for other in placement.preempts
+                if other in vms
+            )
+            if not (in_block or with_job):
                 problems.append(f"rule 4: {vm_id} preempted but not in {demand.id}'s block")
             served_victims.add(vm_id)
             free |= {(vm.node, index) for index in vm.gpus}

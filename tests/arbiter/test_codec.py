@@ -14,7 +14,7 @@ from tests.arbiter.test_planner import EXAMPLE
 
 
 @settings(max_examples=150, deadline=None)
-@given(snapshots())
+@given(snapshots(max_jobs=2))
 def test_a_snapshot_survives_a_round_trip_through_json(fleet):
     text = json.dumps(snapshot_to_dict(fleet))
     assert load_snapshot(text) == fleet

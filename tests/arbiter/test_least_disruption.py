@@ -63,7 +63,9 @@ def one_group(snapshot: Snapshot) -> Snapshot:
 @EXHAUSTIVE
 @given(data=st.data())
 def test_a_single_demand_gets_the_exhaustive_minimum(fabric, crowded, data):
-    snapshot = data.draw(snapshots(fabric=fabric, crowded=crowded, min_demands=1, max_demands=1))
+    snapshot = data.draw(
+        snapshots(fabric=fabric, crowded=crowded, min_demands=1, max_demands=1, max_jobs=2)
+    )
     result = planned_in_full(snapshot)
     assert planner_choice(snapshot, result) == cheapest_group_placement(snapshot)
 
@@ -74,7 +76,9 @@ def test_a_single_demand_gets_the_exhaustive_minimum(fabric, crowded, data):
 @given(data=st.data())
 def test_a_group_of_several_demands_gets_the_exhaustive_minimum(fabric, crowded, data):
     snapshot = one_group(
-        data.draw(snapshots(fabric=fabric, crowded=crowded, min_demands=2, max_demands=4))
+        data.draw(
+            snapshots(fabric=fabric, crowded=crowded, min_demands=2, max_demands=4, max_jobs=2)
+        )
     )
     result = planned_in_full(snapshot)
     assert planner_choice(snapshot, result) == cheapest_group_placement(snapshot)

@@ -60,7 +60,7 @@ def test_a_search_that_runs_out_of_budget_keeps_a_valid_placement():
 
 
 @PROPERTY
-@given(snapshots(min_demands=2, max_demands=6, crowded=True))
+@given(snapshots(min_demands=2, max_demands=6, crowded=True, max_jobs=2))
 def test_a_search_cut_short_is_never_worse_than_the_heuristic(random_set):
     group = one_group(random_set)
     with mock.patch.object(planner, "_SEARCH_BUDGET", 8):
@@ -70,7 +70,7 @@ def test_a_search_cut_short_is_never_worse_than_the_heuristic(random_set):
 
 
 @PROPERTY
-@given(snapshots(min_demands=2, max_demands=6))
+@given(snapshots(min_demands=2, max_demands=6, max_jobs=2))
 def test_a_region_search_obeys_every_rule_and_never_loses_to_the_heuristic(random_set):
     # Every set counts as large here, so the search looks at a region, as on a real fleet.
     group = one_group(random_set)
