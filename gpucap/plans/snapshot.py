@@ -90,6 +90,7 @@ HOLDER_FIELDS = (
     "deployment_id",
     "preempted_for_id",
     "started_at",
+    "demand_group",  # a running job's members are reclaimed together (_job)
     "tenant__name",
     "tenant__slug",
 )
