@@ -415,6 +415,17 @@ class CapacitySetUpdateSerializer(InputSerializer):
     notice_seconds = serializers.IntegerField(help_text="Interruption notice, 1 to 86400 seconds.")
 
 
+def _protect_seconds_field() -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=PROTECT_SECONDS_MAX,
+        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
+        "reclaim it while any other plan serves the demand; a demand only such VMs could serve "
+        "waits until their protection ends. 0 (default) is off; at most 604800 (7 days).",
+    )
+
+
 class PoolCreateSerializer(InputSerializer):
     name = serializers.SlugField(max_length=64)
     kind = choice_field(Pool.Kind.choices)
@@ -441,28 +452,14 @@ class PoolCreateSerializer(InputSerializer):
     floor_gpus = serializers.IntegerField(
         required=False, help_text="GPUs the arbiter never reclaims this pool below (default 0)."
     )
-    protect_seconds = serializers.IntegerField(
-        required=False,
-        min_value=0,
-        max_value=PROTECT_SECONDS_MAX,
-        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
-        "reclaim it while any other plan serves the demand; a demand only such VMs could serve "
-        "waits until their protection ends. 0 (default) is off; at most 604800 (7 days).",
-    )
+    protect_seconds = _protect_seconds_field()
 
 
 class PoolUpdateSerializer(InputSerializer):
     hints = {"rank": "re-rank a set's pools with the capacity set's rerank command"}
 
     floor_gpus = serializers.IntegerField(required=False)
-    protect_seconds = serializers.IntegerField(
-        required=False,
-        min_value=0,
-        max_value=PROTECT_SECONDS_MAX,
-        help_text="For this long after a VM of the pool starts or resumes, the arbiter does not "
-        "reclaim it while any other plan serves the demand; a demand only such VMs could serve "
-        "waits until their protection ends. 0 (default) is off; at most 604800 (7 days).",
-    )
+    protect_seconds = _protect_seconds_field()
     tenants = serializers.SlugRelatedField(
         many=True,
         required=False,

@@ -14,7 +14,7 @@ import re
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from gpucap.audit.services import Actor
 from gpucap.errors import Conflict
@@ -177,18 +177,11 @@ def job_terminate(*, vm: VirtualMachine, actor: Actor = None) -> list[VirtualMac
 def job_members_running(vm: VirtualMachine) -> list[VirtualMachine]:
     """The other members of ``vm``'s job (a non-empty demand group of rentals; an inference
     scale-up step's replicas are not one) that hold GPUs and are not on their way out."""
-    if not vm.demand_group or vm.role != VirtualMachine.Role.RENTAL:
+    mates = _job_mates(vm)
+    if mates is None:
         return []
     return list(
-        VirtualMachine.objects.filter(
-            demand_group=vm.demand_group,
-            tenant_id=vm.tenant_id,
-            role=VirtualMachine.Role.RENTAL,
-            state__in=RUNNING,
-        )
-        .exclude(pk=vm.pk)
-        .select_related("pool")
-        .order_by("pk")
+        mates.filter(state__in=RUNNING).exclude(pk=vm.pk).select_related("pool").order_by("pk")
     )
 
 
@@ -196,15 +189,11 @@ def job_members_resuming(vm: VirtualMachine) -> list[VirtualMachine]:
     """The members of ``vm``'s job that are being stopped for capacity and will ask for it
     again (a preempted or reclaimed spot VM goes back to pending once it is off): a pending
     member waits for them, so the job resumes whole. [] for a VM in no job."""
-    if not vm.demand_group or vm.role != VirtualMachine.Role.RENTAL:
+    mates = _job_mates(vm)
+    if mates is None:
         return []
     return list(
-        VirtualMachine.objects.filter(
-            demand_group=vm.demand_group,
-            tenant_id=vm.tenant_id,
-            role=VirtualMachine.Role.RENTAL,
-            pool__kind=Pool.Kind.SPOT,
-        )
+        mates.filter(pool__kind=Pool.Kind.SPOT)
         .filter(
             Q(state=State.NOTIFIED)
             | Q(
@@ -216,6 +205,16 @@ def job_members_resuming(vm: VirtualMachine) -> list[VirtualMachine]:
             )
         )
         .order_by("pk")
+    )
+
+
+def _job_mates(vm: VirtualMachine) -> QuerySet[VirtualMachine] | None:
+    """Every VM of ``vm``'s job, itself included; None for a VM in no job (an inference
+    scale-up step's replicas are no job)."""
+    if not vm.demand_group or vm.role != VirtualMachine.Role.RENTAL:
+        return None
+    return VirtualMachine.objects.filter(
+        demand_group=vm.demand_group, tenant_id=vm.tenant_id, role=VirtualMachine.Role.RENTAL
     )
 
 
