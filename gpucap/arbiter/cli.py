@@ -14,7 +14,6 @@ import sys
 from datetime import UTC, datetime
 
 from gpucap.arbiter.codec import SnapshotError, dump_plan, load_snapshot
-from gpucap.arbiter.explain import render_plan
 from gpucap.arbiter.planner import plan
 
 BAD_INPUT = 2
@@ -52,7 +51,12 @@ def _run(command: str, path: str) -> int:
     if snapshot.now is None:
         snapshot = dataclasses.replace(snapshot, now=datetime.now(UTC))
     result = plan(snapshot)
-    text = dump_plan(result) if command == "plan" else render_plan(snapshot, result)
+    if command == "plan":
+        text = dump_plan(result)
+    else:
+        from gpucap.arbiter.explain import render_plan  # only explain needs it
+
+        text = render_plan(snapshot, result)
     # UTF-8 whatever the locale: reasons say "4 → 0", and the JSON keeps names as written.
     sys.stdout.buffer.write(text.encode())
     sys.stdout.flush()

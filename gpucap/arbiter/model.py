@@ -49,6 +49,9 @@ MAX_PROTECT_SECONDS = 7 * 24 * 3600
 
 @dataclass(frozen=True, slots=True)
 class CapacitySet:
+    # A docstring also spares dataclass() an inspect.signature() call per class at import.
+    """The set a snapshot plans: its name, NVLink fabric and GPU model."""
+
     name: str
     fabric: str
     gpu_model: str
@@ -56,6 +59,8 @@ class CapacitySet:
 
 @dataclass(frozen=True, slots=True)
 class Node:
+    """A node of the set, its GPUs, state and partition table."""
+
     name: str
     gpus: int
     state: str = "ready"
@@ -66,6 +71,8 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class Pool:
+    """A pool of the set: kind, rank, floor and protection window."""
+
     name: str
     kind: str
     rank: int
@@ -75,6 +82,8 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
+    """An inference deployment and the replicas it keeps."""
+
     name: str
     pool: str
     min_replicas: int = 0
@@ -82,6 +91,8 @@ class Deployment:
 
 @dataclass(frozen=True, slots=True)
 class Vm:
+    """A VM holding GPUs of a node."""
+
     id: str
     pool: str
     node: str
@@ -94,6 +105,8 @@ class Vm:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
+    """A request for GPUs waiting to be placed."""
+
     id: str
     group: str
     pool: str
@@ -104,6 +117,8 @@ class Demand:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """Everything one plan is made from."""
+
     capacity_set: CapacitySet
     nodes: tuple[Node, ...]
     pools: tuple[Pool, ...]
@@ -115,6 +130,8 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """A demand placed on a node's GPUs, and the VMs it preempts."""
+
     demand: str
     node: str
     gpus: tuple[int, ...]
@@ -123,6 +140,8 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
+    """A VM that gives up its GPUs, and why."""
+
     vm: str
     pool: str
     node: str
@@ -134,6 +153,8 @@ class Preemption:
 
 @dataclass(frozen=True, slots=True)
 class Unsatisfied:
+    """A demand the plan cannot serve, and why."""
+
     demand: str
     group: str
     reason: str
@@ -143,6 +164,8 @@ class Unsatisfied:
 
 @dataclass(frozen=True, slots=True)
 class PoolBalance:
+    """A pool's GPUs before and after the plan."""
+
     name: str
     rank: int
     before_gpus: int
@@ -152,6 +175,8 @@ class PoolBalance:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """What the planner decided for one snapshot."""
+
     complete: bool
     placements: tuple[Placement, ...]
     preemptions: tuple[Preemption, ...]
