@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import MISSING
 from datetime import UTC, datetime
 
 from gpucap.arbiter.model import (
@@ -291,19 +292,28 @@ def _all_ints(values: list) -> bool:
 
 
 def _fast_new(cls: type) -> Callable[..., object]:
-    """Build a frozen slotted ``cls`` from its fields in order, as ``cls(*fields)`` would,
-    without the frozen ``__init__``'s ``object.__setattr__`` call per field: the snapshot
-    reader builds one per VM. (``cls`` must have no ``__post_init__``.)"""
-    setters = tuple(cls.__dict__[name].__set__ for name in cls.__slots__)
-    new = object.__new__
-    source = ", ".join(f"s{i}" for i in range(len(setters)))
-    arguments = ", ".join(f"a{i}" for i in range(len(setters)))
-    body = "; ".join(f"s{i}(o, a{i})" for i in range(len(setters)))
-    namespace = {"new": new, "cls": cls}
-    # Generated from the class's own slot names, as dataclasses generates __init__.
+    """Build a frozen slotted dataclass ``cls`` from its fields in order, as ``cls(*fields)``
+    would (a field with a default may be left out at the end), without the frozen
+    ``__init__``'s ``object.__setattr__`` call per field: the snapshot reader builds one per VM.
+    (``cls`` must have no ``__post_init__`` and no default factories.)"""
+    names = cls.__slots__
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
+    fields = cls.__dataclass_fields__
+    namespace: dict = {"new": object.__new__, "cls": cls}
+    arguments = []
+    for i, name in enumerate(names):
+        default = fields[name].default
+        if default is MISSING:
+            arguments.append(f"a{i}")
+        else:
+            namespace[f"d{i}"] = default
+            arguments.append(f"a{i}=d{i}")
+    source = ", ".join(f"s{i}" for i in range(len(names)))
+    body = "; ".join(f"s{i}(o, a{i})" for i in range(len(names)))
+    # Generated from the class's own fields, as dataclasses generates __init__.
     exec(
         f"def make({source}):\n"
-        f"    def new_item({arguments}):\n"
+        f"    def new_item({', '.join(arguments)}):\n"
         f"        o = new(cls); {body}; return o\n"
         f"    return new_item",
         namespace,
