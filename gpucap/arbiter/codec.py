@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import MISSING
 from datetime import UTC, datetime
+from itertools import chain
 
 from gpucap.arbiter.model import (
     FABRICS,
@@ -256,6 +257,7 @@ _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",
 
 
 _INT = frozenset({int})
+_LIST = frozenset({list})
 
 
 def _quickly(
@@ -449,16 +451,20 @@ class _Reader:
 
     def _partitions(self, raw: object) -> tuple[tuple[int, ...], ...] | None:
         """A well-formed partition table as sorted tuples (shared between equal tables), or
-        None for the helpers to word its problems."""
-        if type(raw) is not list:
+        None for the helpers to word its problems. Fleets repeat a few tables: each distinct
+        one as written is sorted once."""
+        if type(raw) is not list or not _LIST.issuperset(map(type, raw)):
             return None
-        blocks = []
-        for block in raw:
-            if type(block) is not list or not _all_ints(block):
-                return None
-            blocks.append(tuple(sorted(block)))
-        table = tuple(blocks)
-        return self._tables.setdefault(table, table)
+        if not _INT.issuperset(map(type, chain.from_iterable(raw))):
+            return None
+        written = tuple(map(tuple, raw))
+        table = self._tables.get(written)
+        if table is None:
+            table = tuple(tuple(sorted(block)) for block in written)
+            # Keyed both as written and sorted: a sorted table is its own key.
+            table = self._tables.setdefault(table, table)
+            self._tables[written] = table
+        return table
 
     def _node_slowly(self, item: dict, label: str) -> Node | None:
         name = self.text(item, label, "name")
