@@ -276,7 +276,7 @@ def _quickly(
         if type(item) is not dict:
             return None
         keys = item.keys()
-        if not (keys >= required and keys <= allowed):
+        if not (keys >= required and allowed.issuperset(keys)):
             return None
         built = quick(item)
         if built is None:
