@@ -182,13 +182,15 @@ def dump_plan(plan: Plan) -> str:
     """The plan as JSON text: one line per placement, preemption, unsatisfied demand and pool,
     so plans read well and diff well."""
     lines = ["{"]
+    # What json.dumps(item, ensure_ascii=False) does, without a new encoder for every line.
+    encode = json.JSONEncoder(ensure_ascii=False).encode
     data = plan_to_dict(plan)
     last = len(data) - 1
     for position, (key, value) in enumerate(data.items()):
         comma = "," if position < last else ""
         if isinstance(value, list) and value:
             lines.append(f"  {json.dumps(key)}: [")
-            items = [f"    {json.dumps(item, ensure_ascii=False)}" for item in value]
+            items = [f"    {encode(item)}" for item in value]
             lines.append(",\n".join(items))
             lines.append(f"  ]{comma}")
         else:
