@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import MISSING
 from datetime import UTC, datetime
+from itertools import chain
 
 from gpucap.arbiter.model import (
     FABRICS,
@@ -180,13 +182,15 @@ def dump_plan(plan: Plan) -> str:
     """The plan as JSON text: one line per placement, preemption, unsatisfied demand and pool,
     so plans read well and diff well."""
     lines = ["{"]
+    # What json.dumps(item, ensure_ascii=False) does, without a new encoder for every line.
+    encode = json.JSONEncoder(ensure_ascii=False).encode
     data = plan_to_dict(plan)
     last = len(data) - 1
     for position, (key, value) in enumerate(data.items()):
         comma = "," if position < last else ""
         if isinstance(value, list) and value:
             lines.append(f"  {json.dumps(key)}: [")
-            items = [f"    {json.dumps(item, ensure_ascii=False)}" for item in value]
+            items = [f"    {encode(item)}" for item in value]
             lines.append(",\n".join(items))
             lines.append(f"  ]{comma}")
         else:
@@ -260,6 +264,7 @@ _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",
 
 
 _INT = frozenset({int})
+_LIST = frozenset({list})
 
 
 def _quickly(
@@ -278,7 +283,7 @@ def _quickly(
         if type(item) is not dict:
             return None
         keys = item.keys()
-        if not (keys >= required and keys <= allowed):
+        if not (keys >= required and allowed.issuperset(keys)):
             return None
         built = quick(item)
         if built is None:
@@ -292,7 +297,42 @@ def _quickly(
 
 def _all_ints(values: list) -> bool:
     """Whether every value is a JSON integer (not a bool, whose type is not int)."""
-    return {*map(type, values)} <= _INT
+    return _INT.issuperset(map(type, values))
+
+
+def _fast_new(cls: type) -> Callable[..., object]:
+    """Build a frozen slotted dataclass ``cls`` from its fields in order, as ``cls(*fields)``
+    would (a field with a default may be left out at the end), without the frozen
+    ``__init__``'s ``object.__setattr__`` call per field: the snapshot reader builds one per VM.
+    (``cls`` must have no ``__post_init__`` and no default factories.)"""
+    names = cls.__slots__
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
+    fields = cls.__dataclass_fields__
+    namespace: dict = {"new": object.__new__, "cls": cls}
+    arguments = []
+    for i, name in enumerate(names):
+        default = fields[name].default
+        if default is MISSING:
+            arguments.append(f"a{i}")
+        else:
+            namespace[f"d{i}"] = default
+            arguments.append(f"a{i}=d{i}")
+    source = ", ".join(f"s{i}" for i in range(len(names)))
+    body = "; ".join(f"s{i}(o, a{i})" for i in range(len(names)))
+    # Generated from the class's own fields, as dataclasses generates __init__.
+    exec(
+        f"def make({source}):\n"
+        f"    def new_item({', '.join(arguments)}):\n"
+        f"        o = new(cls); {body}; return o\n"
+        f"    return new_item",
+        namespace,
+    )
+    return namespace["make"](*setters)
+
+
+# Take every field in declaration order (a new field of Vm: add it to vm_quickly's call too).
+_new_vm = _fast_new(Vm)
+_new_node = _fast_new(Node)
 
 
 def _show(value: object) -> str:
@@ -413,23 +453,25 @@ class _Reader:
             and failed is not None
             and (raw_partitions is None or partitions is not None)
         ):
-            return Node(
-                name=name, gpus=gpus, state=state, failed_gpus=failed, partitions=partitions
-            )
+            return _new_node(name, gpus, state, failed, partitions)
         return None
 
     def _partitions(self, raw: object) -> tuple[tuple[int, ...], ...] | None:
         """A well-formed partition table as sorted tuples (shared between equal tables), or
-        None for the helpers to word its problems."""
-        if type(raw) is not list:
+        None for the helpers to word its problems. Fleets repeat a few tables: each distinct
+        one as written is sorted once."""
+        if type(raw) is not list or not _LIST.issuperset(map(type, raw)):
             return None
-        blocks = []
-        for block in raw:
-            if type(block) is not list or not _all_ints(block):
-                return None
-            blocks.append(tuple(sorted(block)))
-        table = tuple(blocks)
-        return self._tables.setdefault(table, table)
+        if not _INT.issuperset(map(type, chain.from_iterable(raw))):
+            return None
+        written = tuple(map(tuple, raw))
+        table = self._tables.get(written)
+        if table is None:
+            table = tuple(tuple(sorted(block)) for block in written)
+            # Keyed both as written and sorted: a sorted table is its own key.
+            table = self._tables.setdefault(table, table)
+            self._tables[written] = table
+        return table
 
     def _node_slowly(self, item: dict, label: str) -> Node | None:
         name = self.text(item, label, "name")
@@ -487,24 +529,28 @@ class _Reader:
     def vm_quickly(self, item: dict) -> Vm | None:
         """A well-formed VM, read without the per-field helpers (None: let them word its
         problems). Fleets have tens of thousands of VMs."""
-        vm_id, pool, node = item.get("id"), item.get("pool"), item.get("node")
-        gpus, started = item.get("gpus"), item.get("started_at")
-        deployment, tenant = item.get("deployment"), item.get("tenant")
-        state = item.get("state", "running")
-        moment = self._parse_time(started) if type(started) is str else None
+        get = item.get
+        vm_id, pool, node = get("id"), get("pool"), get("node")
+        gpus, started = get("gpus"), get("started_at")
+        deployment, tenant = get("deployment"), get("tenant")
+        state = get("state", "running")
         if (
-            moment is not None
-            and type(vm_id) is str
+            type(vm_id) is str
             and type(pool) is str
             and type(node) is str
+            and type(started) is str
             and type(gpus) is list
-            and _all_ints(gpus)
+            and _INT.issuperset(map(type, gpus))
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
             and "group" not in item  # a job member: read by _vm_slowly
             and type(state) is str
         ):
-            return Vm(vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant)
+            moment = self._times.get(started) or self._parse_time(started)
+            if moment is not None:
+                return _new_vm(
+                    vm_id, pool, node, tuple(sorted(gpus)), moment, deployment, state, tenant
+                )
         return None
 
     def _vm_slowly(self, item: dict, label: str) -> Vm | None:

@@ -225,14 +225,18 @@ def _check_vms(
     ids: set[str] = set()
     held: dict[str, dict[int, str]] = {}  # node name -> GPU index -> VM id
     table_masks: dict[int, frozenset[int]] = {}
+    # (table id, gpus) -> the topology problem, or None: fleets repeat a few shapes many times.
+    shapes: dict[tuple, str | None] = {}
+    unreadable_pools = unreadable.get("pools", ())
     for label, vm in vms:
         assert isinstance(vm, Vm)
-        if not vm.id:
+        vm_id = vm.id
+        if not vm_id:
             problems.append(f"{label}: id must not be empty")
-        elif vm.id in ids:
-            problems.append(f"{label}: id {vm.id} is used by another VM")
-        ids.add(vm.id)
-        if vm.pool not in pool_by_name and vm.pool not in unreadable.get("pools", ()):
+        elif vm_id in ids:
+            problems.append(f"{label}: id {vm_id} is used by another VM")
+        ids.add(vm_id)
+        if vm.pool not in pool_by_name and vm.pool not in unreadable_pools:
             problems.append(f"{label}: pool {vm.pool} is not a pool of the snapshot")
         if vm.state not in VM_STATES:
             problems.append(
@@ -257,27 +261,34 @@ def _check_vms(
             if vm.node not in unreadable.get("nodes", ()):
                 problems.append(f"{label}: node {vm.node} is not a node of the snapshot")
             continue
-        if not vm.gpus:
+        gpus = vm.gpus
+        if not gpus:
             problems.append(f"{label}: gpus must list at least one GPU")
             continue
-        out_of_range = [index for index in vm.gpus if not 0 <= index < node.gpus]
-        if out_of_range:
+        if min(gpus) < 0 or max(gpus) >= node.gpus:
+            out_of_range = [index for index in gpus if not 0 <= index < node.gpus]
             problems.append(
                 f"{label}: gpus {out_of_range} out of range for node {node.name} with "
                 f"{node.gpus} GPUs"
             )
             continue
-        if len(set(vm.gpus)) != len(vm.gpus):
-            problems.append(f"{label}: gpus {list(vm.gpus)} lists a GPU twice")
+        if len(gpus) > 1 and len(set(gpus)) != len(gpus):
+            problems.append(f"{label}: gpus {list(gpus)} lists a GPU twice")
             continue
-        topology = _vm_topology_problem(vm, node, fabric, table_masks)
+        shape = (id(partition_table(node, fabric)), gpus)
+        if shape in shapes:
+            topology = shapes[shape]
+        else:
+            topology = shapes[shape] = _vm_topology_problem(vm, node, fabric, table_masks)
         if topology:
-            problems.append(f"{label}: {topology}")
-        holders = held.setdefault(node.name, {})
-        for index in vm.gpus:
+            problems.append(f"{label}: {topology.format(node=node.name)}")
+        holders = held.get(node.name)
+        if holders is None:
+            holders = held[node.name] = {}
+        for index in gpus:
             other = holders.get(index)
             if other is None:
-                holders[index] = vm.id
+                holders[index] = vm_id
             else:
                 problems.append(
                     f"{label}: gpu {index} of node {node.name} is already held by VM {other}"
@@ -288,6 +299,8 @@ def _check_vms(
 def _vm_topology_problem(
     vm: Vm, node: Node, fabric: str, table_masks: dict[int, frozenset[int]]
 ) -> str | None:
+    """The topology problem of ``vm``'s GPUs on ``node`` with ``{node}`` for the node's name
+    (the same shape on another node with the same table has the same problem), or None."""
     if fabric == "pcie":
         if len(vm.gpus) != 1:
             return (
@@ -305,7 +318,7 @@ def _vm_topology_problem(
             if all(0 <= index < node.gpus for index in block)  # bad ones are reported already
         )
     if gpu_mask(vm.gpus) not in masks:
-        return f"gpus {list(vm.gpus)} are not a partition of node {node.name}'s table"
+        return f"gpus {list(vm.gpus)} are not a partition of node {{node}}'s table"
     return None
 
 
