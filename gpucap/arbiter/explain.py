@@ -15,7 +15,8 @@ from gpucap.arbiter.model import Plan, Snapshot
 # attributed to one when several apply.
 FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
 PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
-CATEGORIES = 5
+PINNED = 5  # held by a running job that one of its VMs elsewhere keeps whole (whole jobs)
+CATEGORIES = 6
 
 
 def block_name(fabric: str, size: int) -> str:
@@ -112,6 +113,12 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
             f"no node has a free or reclaimable {block}: every candidate is held by a VM its "
             f"pool still protects after it started or resumed"
         )
+    if counts[PINNED] == total:
+        return (
+            f"no node has a free or reclaimable {block}: every candidate is held by a running "
+            f"job that is reclaimed whole or not at all, and another of its VMs may not be "
+            f"preempted"
+        )
     parts = []
     if counts[ON_DEMAND]:
         parts.append(f"{counts[ON_DEMAND]} {_hold(counts[ON_DEMAND])} on-demand VMs")
@@ -126,6 +133,10 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
         parts.append(f"{counts[FAILED]} {_include(counts[FAILED])} a failed GPU")
     if counts[PROTECTED]:
         parts.append(f"{counts[PROTECTED]} {_are(counts[PROTECTED])} held by protected VMs")
+    if counts[PINNED]:
+        parts.append(
+            f"{counts[PINNED]} {_are(counts[PINNED])} held by jobs that cannot be reclaimed whole"
+        )
     return (
         f"no node has a free or reclaimable {block}: of {total} candidates on ready nodes, "
         + ", ".join(parts)

@@ -587,6 +587,7 @@ class _Planner:
         self.fixed = list(self.failed)
         self.notified = [0] * count
         self.protected_gpus = [0] * count
+        self.pinned_gpus = [0] * count  # members of jobs that cannot be reclaimed whole
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
     def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
@@ -637,6 +638,7 @@ class _Planner:
                 for member in members:
                     self.node_vms[member.node].remove(member)
                     self.fixed[member.node] |= member.mask
+                    self.pinned_gpus[member.node] |= member.mask
             elif len(members) > 1:
                 for member in members:
                     member.mates = tuple(mate for mate in members if mate is not member)
@@ -666,9 +668,11 @@ class _Planner:
             return explain.PLANNED
         if mask & self.notified[node]:
             return explain.NOTIFIED
-        protected = self.protected_gpus[node]
+        protected, pinned = self.protected_gpus[node], self.pinned_gpus[node]
         if mask & protected and not mask & self.fixed[node] & ~protected:
             return explain.PROTECTED  # and by nothing else (on-demand outlasts protection)
+        if mask & pinned and not mask & self.fixed[node] & ~(pinned | protected):
+            return explain.PINNED  # spot members of jobs a VM elsewhere keeps whole
         return explain.ON_DEMAND
 
     def _refresh(self, node: int) -> None:

@@ -85,6 +85,27 @@ def test_a_job_with_a_member_that_may_never_go_keeps_every_member():
     fleet = two_nodes(vms=vms, demands=[demand("od-1", "rent", 8)])
     result = plan(fleet)
     assert result.preemptions == () and not result.complete
+    # The reason names the job that is kept, not the on-demand VMs alone.
+    (waiting,) = result.unsatisfied
+    assert waiting.reason.endswith(
+        "of 2 candidates on ready nodes, 1 holds on-demand VMs, 1 is held by jobs that cannot be "
+        "reclaimed whole"
+    ), waiting.reason
+
+
+def test_a_demand_only_pinned_job_members_could_serve_says_so():
+    vms = job_vms(nodes=("n001",))  # two spot members on n001
+    vms.append(vm("job-3", "rent", "n002", (0, 1, 2, 3, 4, 5, 6, 7), group=JOB))
+    fleet = snapshot(
+        nodes=[Node("n001", 8), Node("n002", 8, state="cordoned")],
+        vms=vms,
+        demands=[demand("od-1", "rent", 8)],
+    )
+    (waiting,) = plan(fleet).unsatisfied
+    assert waiting.reason == (
+        "no node has a free or reclaimable 8-GPU partition: every candidate is held by a running "
+        "job that is reclaimed whole or not at all, and another of its VMs may not be preempted"
+    )
 
 
 def test_a_member_under_notice_is_not_notified_again_and_the_rest_go_together():
