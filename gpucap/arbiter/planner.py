@@ -25,11 +25,12 @@ its placements are tentative until the last demand fits, and are rolled back oth
    by branch and bound, with the best order's placement as its bound. The search is exact
    within a budget of `_SEARCH_BUDGET` expanded states per group; past it the group keeps the
    best placement found by then. Sets of up to `_WHOLE_SET_NODES` ready nodes are searched
-   whole; on larger sets the search sees a region (`_Planner._region`). No search is needed
-   when the best order already costs as little as the cheapest single reclaim of the group
-   (`_Planner._least_victims`) and a size of the group has no free partition at all (so that
-   no placement can do without victims). A group nothing places is reported unsatisfied with
-   the reason of its first attempt.
+   whole; on larger sets the search sees a region (`_Planner._region`). When a size of the
+   group has no free partition at all (so that no placement can do without victims), no
+   placement costs less than the cheapest single reclaim of the group
+   (`_Planner._least_victims`): an order that costs that little ends the trials and stays
+   placed, with no search. A group nothing places is reported unsatisfied with the reason of
+   its first attempt.
 2. A reclaim takes one whole partition of the node's table (rule 5); its victims are forced:
    every VM holding a GPU of that partition. It is legal when no victim is on-demand (rule 1),
    under notice, protected (rule 3a: inside its pool's ``protect_seconds`` after it started or
@@ -86,6 +87,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 
 from gpucap.arbiter import explain, improve, protection
 from gpucap.arbiter.model import (
@@ -104,6 +106,7 @@ from gpucap.arbiter.topology import FIT_SLOT, gpu_mask, partition_table
 __all__ = ["disruption_cost", "plan"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ID = attrgetter("id")
 _MICROSECOND = timedelta(microseconds=1)
 # Groups up to this size that fail in the usual orders are retried in every order.
 _MAX_REORDERED_GROUP = 4
@@ -252,15 +255,18 @@ class _Vm:
         "tenant",
     )
 
-    def __init__(self, vm: Vm, pool: int, rank: int, deployment: int | None, node: int) -> None:
+    def __init__(
+        self, vm: Vm, pool: int, rank: int, deployment: int | None, node: int, mask: int
+    ) -> None:
         self.id = vm.id
         self.pool = pool
         self.rank = rank
         self.deployment = deployment
         self.node = node
-        self.gpus = tuple(sorted(vm.gpus))
-        self.mask = gpu_mask(vm.gpus)
-        self.ngpus = len(vm.gpus)
+        gpus = vm.gpus
+        self.gpus = tuple(sorted(gpus))
+        self.mask = mask
+        self.ngpus = len(gpus)
         self.started = _microseconds(vm.started_at)
         self.tenant = vm.tenant
         self.group = vm.group
@@ -294,6 +300,7 @@ class _Reclaims:
         self.parked: dict[tuple, tuple] = {}  # take -> the floor it would break
         self.parked_tops: list[tuple[tuple, tuple]] = []  # like tops, for parked takes
         self.victims: list[dict[int, list[_Vm]]] = [{} for _ in range(count)]
+        self.cheapest_at: list[dict[tuple, tuple]] = [{} for _ in range(count)]
         self.node_blocked: list[tuple[int, ...]] = [(0,) * explain.CATEGORIES] * count
         # Ready partitions no reclaim can free, by explain category.
         self.blocked = [0] * explain.CATEGORIES
@@ -315,7 +322,7 @@ class _Reclaims:
         fixed = planner.fixed[node]
         busy = planner.busy[node]
         vms = planner.node_vms[node]
-        version = planner.version[node]
+        jobs = node in planner.job_nodes
         blocked = [0] * explain.CATEGORIES
         victims_at: dict[int, list[_Vm]] = {}
         cheapest: dict[tuple, tuple] = {}
@@ -327,31 +334,41 @@ class _Reclaims:
             if not mask & busy:
                 continue  # free: the free heap offers it
             victims = [vm for vm in vms if vm.mask & mask]
-            if len(victims) == 1 and not victims[0].mates:
+            if jobs:
+                victims = _with_mates(victims)
+            if len(victims) == 1:
                 vm = victims[0]
                 key = (-vm.rank, vm.ngpus, 1, -vm.started, node, (vm.id,), block)
                 take = vm.take
             else:
-                victims = _with_mates(victims)
-                victims.sort(key=lambda vm: vm.id)
-                key = (
-                    -min(vm.rank for vm in victims),
-                    sum(vm.ngpus for vm in victims),
-                    len(victims),
-                    -sum(vm.started for vm in victims),
-                    node,
-                    tuple(vm.id for vm in victims),
-                    block,
-                )
-                take = _combined_take(victims)
+                victims.sort(key=_ID)
+                key, take = _reclaim_key(victims, node, block)
             victims_at[block] = victims
             if take not in cheapest or key < cheapest[take]:
                 cheapest[take] = key
+        self._publish(node, (cheapest, victims_at, tuple(blocked)), initial=initial)
+
+    def state(self, node: int) -> tuple:
+        """What `index` last found on the node, for `restore`."""
+        return self.cheapest_at[node], self.victims[node], self.node_blocked[node]
+
+    def restore(self, node: int, state: tuple) -> None:
+        """Index the node again from ``state`` (`state` taken while the node held the GPUs and
+        VMs it holds now): a rollback puts nodes back as they were, and their reclaims with
+        them, without working them out again. The node's reclaims depend on nothing else: a
+        job's members elsewhere only ever leave together with the whole job."""
+        self._publish(node, state)
+
+    def _publish(self, node: int, state: tuple, *, initial: bool = False) -> None:
+        cheapest, victims_at, blocked = state
+        self.cheapest_at[node] = cheapest
         self.victims[node] = victims_at
         old = self.node_blocked[node]
-        for category in range(explain.CATEGORIES):
-            self.blocked[category] += blocked[category] - old[category]
-        self.node_blocked[node] = tuple(blocked)
+        if blocked != old:
+            for category in range(explain.CATEGORIES):
+                self.blocked[category] += blocked[category] - old[category]
+            self.node_blocked[node] = blocked
+        version = self.planner.version[node]
         for take, key in cheapest.items():
             heap = self.heaps.setdefault(take, [])
             entry = (key, version)
@@ -504,16 +521,26 @@ def _job_sizes(victims: list[_Vm]) -> dict[str, tuple[int, int]]:
     return sizes
 
 
-def _combined_take(victims: list[_Vm]) -> tuple:
-    gpus: dict[int, int] = {}
+def _reclaim_key(victims: list[_Vm], node: int, block: int) -> tuple[tuple, tuple]:
+    """The cost key (see `_Reclaims`) of preempting ``victims`` (sorted by id) to free ``block``
+    of ``node``, and their take, in one pass (every node's reclaims are keyed this way)."""
+    rank = victims[0].rank
+    gpus = started = 0
+    taken: dict[int, int] = {}
     replicas: dict[int, int] = {}
     for vm in victims:
-        gpus[vm.pool] = gpus.get(vm.pool, 0) + vm.ngpus
+        if vm.rank < rank:
+            rank = vm.rank
+        gpus += vm.ngpus
+        started += vm.started
+        taken[vm.pool] = taken.get(vm.pool, 0) + vm.ngpus
         if vm.deployment is not None:
             replicas[vm.deployment] = replicas.get(vm.deployment, 0) + 1
-    return tuple(sorted(gpus.items())) + tuple(
-        sorted((-1 - deployment, count) for deployment, count in replicas.items())
-    )
+    take = tuple(sorted(taken.items()))
+    if replicas:
+        take += tuple(sorted((-1 - deployment, count) for deployment, count in replicas.items()))
+    key = (-rank, gpus, len(victims), -started, node, tuple(map(_ID, victims)), block)
+    return key, take
 
 
 class _Planner:
@@ -591,29 +618,36 @@ class _Planner:
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
     def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
-        pools = self.pools
+        pool_index, node_position = self.pool_index, self.node_position
+        busy, fixed, held, node_vms = self.busy, self.fixed, self.held, self.node_vms
+        ranks = [pool.rank for pool in self.pools]
+        on_demand = [pool.kind == "on_demand" for pool in self.pools]
+        protected = self.protected
+        masks: dict[tuple[int, ...], int] = {}  # fleets repeat a few GPU sets many times
         for vm in snapshot.vms:
-            pool = self.pool_index[vm.pool]
-            node = self.node_position[vm.node]
-            mask = gpu_mask(vm.gpus)
-            self.busy[node] |= mask
+            pool = pool_index[vm.pool]
+            node = node_position[vm.node]
+            mask = masks.get(vm.gpus)
+            if mask is None:
+                mask = masks[vm.gpus] = gpu_mask(vm.gpus)
+            busy[node] |= mask
             if vm.state == "notified":
                 self.notified[node] |= mask
-                self.fixed[node] |= mask
+                fixed[node] |= mask
                 continue
-            self.held[pool] += len(vm.gpus)
+            held[pool] += len(vm.gpus)
             deployment = None
             if vm.deployment is not None:
                 deployment = self.deployment_index[vm.deployment]
                 self.replicas[deployment] += 1
-            if pools[pool].kind == "on_demand" or vm.id in spared:
-                self.fixed[node] |= mask  # rule 1: never preempted (or spared: see __init__)
+            if on_demand[pool] or vm.id in spared:
+                fixed[node] |= mask  # rule 1: never preempted (or spared: see __init__)
                 continue
-            if vm.id in self.protected:
-                self.fixed[node] |= mask  # rule 3a: fresh work is no victim
+            if vm.id in protected:
+                fixed[node] |= mask  # rule 3a: fresh work is no victim
                 self.protected_gpus[node] |= mask
                 continue
-            self.node_vms[node].append(_Vm(vm, pool, pools[pool].rank, deployment, node))
+            node_vms[node].append(_Vm(vm, pool, ranks[pool], deployment, node, mask))
         self._index_jobs(snapshot)
         self.held_before = list(self.held)
         self.busy_before = list(self.busy)
@@ -622,6 +656,8 @@ class _Planner:
         """Running jobs (VMs sharing a group) are reclaimed whole: each member learns its
         mates. A job with a running member no reclaim may take (on-demand, or any other VM
         indexing left out of ``node_vms``) keeps every member: they become fixed too."""
+        # Nodes that run a member of a job reclaimed whole (members only ever leave).
+        self.job_nodes: set[int] = set()
         if all(vm.group is None for vm in snapshot.vms):
             return
         jobs: dict[str, list[_Vm]] = {}
@@ -642,6 +678,7 @@ class _Planner:
             elif len(members) > 1:
                 for member in members:
                     member.mates = tuple(mate for mate in members if mate is not member)
+                    self.job_nodes.add(member.node)
 
     def _build_free_heaps(self) -> None:
         heaps: dict[int, list] = {}
@@ -675,16 +712,20 @@ class _Planner:
             return explain.PINNED  # spot members of jobs a VM elsewhere keeps whole
         return explain.ON_DEMAND
 
-    def _refresh(self, node: int) -> None:
-        """A node changed: drop its old heap entries (by version) and index it again."""
+    def _refresh(self, node: int, indexed: dict[int, tuple] | None = None) -> None:
+        """A node changed: drop its old heap entries (by version) and index it again, or, for a
+        node put back as it was, restore its reclaims from ``indexed`` (`_save`)."""
         self.version[node] += 1
         if not self.ready[node]:
             return
         version = self.version[node]
         for size, key, block in self.tables[node].free_fits(self.busy[node], self.fixed[node]):
             heapq.heappush(self.free_heaps.setdefault(size, []), (key, node, block, version))
-        for reclaims in self.reclaims.values():
-            reclaims.index(node)
+        for size, reclaims in self.reclaims.items():
+            if indexed is not None and size in indexed:
+                reclaims.restore(node, indexed[size])
+            else:
+                reclaims.index(node)
 
     # -- the plan --------------------------------------------------------------------------
 
@@ -772,8 +813,15 @@ class _Planner:
                 return
             self._rollback()
         else:
-            order, cost, nodes, failure = self._least_disruptive_order(demands)
-            steps = self._search(demands, cost, nodes)
+            wanted, free, outside_free = self._free_for(demands)
+            # With a size that has no free partition at all, every placement has victims and
+            # costs at least the cheapest single reclaim (see _least_victims).
+            least = None if all(free.values()) else self._least_victims(demands, outside_free)
+            order, cost, nodes, failure = self._least_disruptive_order(demands, least)
+            if order is not None and cost == least:
+                self._commit()  # as cheap as any placement can be: kept as it was made
+                return
+            steps = self._search(demands, cost, nodes, wanted, free, outside_free, least)
             if steps is not None:
                 self._place_steps(steps)
                 self._commit()
@@ -785,10 +833,12 @@ class _Planner:
         failed, reason = failure
         self._give_up(group, demands, failed, reason)
 
-    def _least_disruptive_order(self, demands: list[Demand]) -> tuple:
+    def _least_disruptive_order(self, demands: list[Demand], least: tuple | None) -> tuple:
         """Try the group's orders with reclaims (state rolled back after each). Return the
         least disruptive order that places the whole group, its cost and the nodes it uses
-        (or None, None, ()), and the first failure."""
+        (or None, None, ()), and the first failure. An order that costs ``least``, a lower
+        bound on every placement's cost, cannot be bettered: it ends the trials and stays
+        placed (not rolled back)."""
         best = None
         failure = None
         compared = 0
@@ -796,6 +846,8 @@ class _Planner:
             attempt = self._place_with_reclaims(order)
             if attempt is None:
                 cost = self._attempt_cost()
+                if cost == least:
+                    return order, cost, tuple(sorted(self._saved)), None
                 if best is None or cost < best[0]:
                     best = (cost, order, tuple(sorted(self._saved)))
             self._rollback()
@@ -812,8 +864,28 @@ class _Planner:
         cost, order, nodes = best
         return order, cost, nodes, failure
 
+    def _free_for(self, demands: list[Demand]) -> tuple[dict, dict, list[int]]:
+        """How many demands of each size the group has; per size, the nodes with a free
+        partition of that size (see `_free_nodes_by_size`); and, on a large set, the sizes
+        with more free partitions than the group could use (its reclaims of those sizes
+        break rule 6, so `_search` leaves them out)."""
+        whole = len(self.ready_nodes) <= _WHOLE_SET_NODES
+        wanted = _count_by_size(demands)
+        free = self._free_nodes_by_size(wanted)
+        outside_free = [
+            size for size, nodes in free.items() if not whole and len(nodes) > wanted[size] + 1
+        ]
+        return wanted, free, outside_free
+
     def _search(
-        self, demands: list[Demand], bound: tuple | None, used: tuple[int, ...]
+        self,
+        demands: list[Demand],
+        bound: tuple | None,
+        used: tuple[int, ...],
+        wanted: dict[int, int],
+        free: dict[int, list[int]],
+        outside_free: list[int],
+        least: tuple | None,
     ) -> list[tuple[Demand, int, int]] | None:
         """The exact least disruptive placement of the group (search.py), if it is strictly
         better than ``bound`` (the key of the planner's own placement, which used the nodes
@@ -824,17 +896,8 @@ class _Planner:
         of strictly smaller cost, since two victim sets there practically never weigh the same
         to the microsecond."""
         whole = len(self.ready_nodes) <= _WHOLE_SET_NODES
-        wanted = _count_by_size(demands)
-        free = self._free_nodes_by_size(wanted)
-        outside_free = [
-            size for size, nodes in free.items() if not whole and len(nodes) > wanted[size] + 1
-        ]
-        if bound is not None and not all(free.values()):
-            # Some size has no free partition at all, so every placement has victims, and
-            # none can cost less than the cheapest single reclaim (see _least_victims).
-            least = self._least_victims(demands, outside_free)
-            if least is not None and (bound == least or (not whole and bound[0] == least[0])):
-                return None
+        if bound is not None and least is not None and not whole and bound[0] == least[0]:
+            return None  # no placement costs less (`least`), and on a large set ties are kept
         region = self.ready_nodes if whole else self._region(demands, bound, used, free, wanted)
         kinds = [(demand.gpus, self._demand_rank(demand)) for demand in demands]
         search = GroupSearch(
@@ -1031,13 +1094,7 @@ class _Planner:
             self._parked_now.append((reclaims, take))
 
     def _occupy(self, node: int, block: int, demand: Demand, victims: list[_Vm]) -> None:
-        if node not in self._saved:
-            self._saved[node] = (
-                self.busy[node],
-                self.placed[node],
-                self.fixed[node],
-                list(self.node_vms[node]),
-            )
+        self._save(node)
         table = self.tables[node]
         mask = table.masks[block]
         demand_pool = self.pools[self.pool_index[demand.pool]]
@@ -1046,13 +1103,7 @@ class _Planner:
         jobs = _job_sizes(victims)
         elsewhere = sorted({vm.node for vm in victims} - {node})
         for other in elsewhere:
-            if other not in self._saved:
-                self._saved[other] = (
-                    self.busy[other],
-                    self.placed[other],
-                    self.fixed[other],
-                    list(self.node_vms[other]),
-                )
+            self._save(other)
         for vm in victims:
             self.node_vms[vm.node].remove(vm)
             self.busy[vm.node] &= ~vm.mask
@@ -1108,6 +1159,17 @@ class _Planner:
             self.busy[other] |= self.failed[other]
             self._refresh(other)  # its job members left: free GPUs, and new reclaims
 
+    def _save(self, node: int) -> None:
+        """Keep what the node holds, and its reclaims, for a rollback of this attempt."""
+        if node not in self._saved:
+            self._saved[node] = (
+                self.busy[node],
+                self.placed[node],
+                self.fixed[node],
+                list(self.node_vms[node]),
+                {size: reclaims.state(node) for size, reclaims in self.reclaims.items()},
+            )
+
     def _change(self, counts: list[int], index: int, delta: int) -> None:
         self._saved_counts.append((counts, index, counts[index]))
         counts[index] += delta
@@ -1115,7 +1177,7 @@ class _Planner:
     # -- tentative group placement ---------------------------------------------------------
 
     def _begin(self) -> None:
-        self._saved: dict[int, tuple[int, int, int, list[_Vm]]] = {}
+        self._saved: dict[int, tuple[int, int, int, list[_Vm], dict[int, tuple]]] = {}
         self._saved_counts: list[tuple[list[int], int, int]] = []
         self._parked_now: list[tuple[_Reclaims, tuple]] = []
         self._marks = (len(self.placements), len(self.preemptions))
@@ -1125,7 +1187,7 @@ class _Planner:
         self._begin()
 
     def _rollback(self) -> None:
-        for node, (busy, placed, fixed, vms) in self._saved.items():
+        for node, (busy, placed, fixed, vms, _) in self._saved.items():
             self.busy[node] = busy
             self.placed[node] = placed
             self.fixed[node] = fixed
@@ -1136,7 +1198,7 @@ class _Planner:
         del self.placements[placements:]
         del self.preemptions[preemptions:]
         for node in sorted(self._saved):
-            self._refresh(node)
+            self._refresh(node, self._saved[node][4])
         # Takes parked for a floor that the attempt's own preemptions broke may be legal again.
         for reclaims, take in self._parked_now:
             reclaims.unpark(take)

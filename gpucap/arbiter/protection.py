@@ -34,11 +34,13 @@ def protected_vms(snapshot: Snapshot) -> dict[str, datetime]:
     now = snapshot.now
     if now is None:
         return {}
-    pools = {pool.name: pool for pool in snapshot.pools}
+    pools = {pool.name: pool for pool in snapshot.pools if pool.protect_seconds > 0}
+    if not pools:
+        return {}
     protected = {}
     for vm in snapshot.vms:
         pool = pools.get(vm.pool)
-        if pool is None or pool.protect_seconds <= 0 or pool.kind == "on_demand":
+        if pool is None or pool.kind == "on_demand":
             continue
         if vm.state != "running":
             continue

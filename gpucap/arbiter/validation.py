@@ -223,10 +223,12 @@ def _check_vms(
     problems: list[str],
 ) -> set[str]:
     ids: set[str] = set()
-    held: dict[str, dict[int, str]] = {}  # node name -> GPU index -> VM id
+    held: dict[str, list[tuple[int, str]]] = {}  # node name -> (GPUs as a mask, VM id), ...
     table_masks: dict[int, frozenset[int]] = {}
-    # (table id, gpus) -> the topology problem, or None: fleets repeat a few shapes many times.
-    shapes: dict[tuple, str | None] = {}
+    tables: dict[str, int] = {}  # node name -> id of its partition table
+    # (table id, node GPUs, VM GPUs) -> (problem or None, mask), as `_vm_gpus_problem` says:
+    # fleets repeat a few shapes many times.
+    shapes: dict[tuple, tuple[str | None, int]] = {}
     unreadable_pools = unreadable.get("pools", ())
     for label, vm in vms:
         assert isinstance(vm, Vm)
@@ -262,38 +264,50 @@ def _check_vms(
                 problems.append(f"{label}: node {vm.node} is not a node of the snapshot")
             continue
         gpus = vm.gpus
-        if not gpus:
-            problems.append(f"{label}: gpus must list at least one GPU")
+        table = tables.get(node.name)
+        if table is None:
+            table = tables[node.name] = id(partition_table(node, fabric))
+        shape = (table, node.gpus, gpus)
+        checked = shapes.get(shape)
+        if checked is None:
+            checked = shapes[shape] = _vm_gpus_problem(vm, node, fabric, table_masks)
+        problem, mask = checked
+        if problem:
+            problems.append(f"{label}: {problem.format(node=node.name)}")
+            if not mask:
+                continue
+        node_held = held.get(node.name)
+        if node_held is None:
+            held[node.name] = [(mask, vm_id)]
             continue
-        if min(gpus) < 0 or max(gpus) >= node.gpus:
-            out_of_range = [index for index in gpus if not 0 <= index < node.gpus]
-            problems.append(
-                f"{label}: gpus {out_of_range} out of range for node {node.name} with "
-                f"{node.gpus} GPUs"
-            )
-            continue
-        if len(gpus) > 1 and len(set(gpus)) != len(gpus):
-            problems.append(f"{label}: gpus {list(gpus)} lists a GPU twice")
-            continue
-        shape = (id(partition_table(node, fabric)), gpus)
-        if shape in shapes:
-            topology = shapes[shape]
-        else:
-            topology = shapes[shape] = _vm_topology_problem(vm, node, fabric, table_masks)
-        if topology:
-            problems.append(f"{label}: {topology.format(node=node.name)}")
-        holders = held.get(node.name)
-        if holders is None:
-            holders = held[node.name] = {}
-        for index in gpus:
-            other = holders.get(index)
-            if other is None:
-                holders[index] = vm_id
-            else:
-                problems.append(
-                    f"{label}: gpu {index} of node {node.name} is already held by VM {other}"
-                )
+        for other_mask, other in node_held:
+            if other_mask & mask:
+                for index in gpus:
+                    if other_mask >> index & 1:
+                        problems.append(
+                            f"{label}: gpu {index} of node {node.name} is already held by VM "
+                            f"{other}"
+                        )
+                mask &= ~other_mask
+        node_held.append((mask, vm_id))
     return ids
+
+
+def _vm_gpus_problem(
+    vm: Vm, node: Node, fabric: str, table_masks: dict[int, frozenset[int]]
+) -> tuple[str | None, int]:
+    """What is wrong with ``vm``'s GPUs on ``node``, with ``{node}`` for the node's name (the
+    same GPUs on another node with the same table have the same problem), and the GPUs the VM
+    holds as a mask: 0 when they are not GPUs of the node at all."""
+    gpus = vm.gpus
+    if not gpus:
+        return "gpus must list at least one GPU", 0
+    if min(gpus) < 0 or max(gpus) >= node.gpus:
+        out_of_range = [index for index in gpus if not 0 <= index < node.gpus]
+        return f"gpus {out_of_range} out of range for node {{node}} with {node.gpus} GPUs", 0
+    if len(set(gpus)) != len(gpus):
+        return f"gpus {list(gpus)} lists a GPU twice", 0
+    return _vm_topology_problem(vm, node, fabric, table_masks), gpu_mask(gpus)
 
 
 def _vm_topology_problem(
