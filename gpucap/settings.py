@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "gpucap.notices",
     "gpucap.plans",
     "gpucap.inference",
+    "gpucap.schedules",
 ]
 
 MIDDLEWARE = [
@@ -292,6 +293,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("PLANS_INTERVAL_SECONDS", 30, minimum=1)),
     },
     "plans-prune": {"task": "plans.prune", "schedule": crontab(minute=41)},
+    # Scheduled policies: each boundary is applied at its moment by a task sent for it; this
+    # pass is the safety net (a lost task delays a boundary by at most this long).
+    "schedules-apply-due": {
+        "task": "schedules.apply_due",
+        "schedule": float(env_int("SCHEDULES_INTERVAL_SECONDS", 30, minimum=1)),
+    },
     "notices-metadata-resync": {
         "task": "notices.metadata_resync",
         "schedule": float(env_int("METADATA_RESYNC_SECONDS", 60, minimum=1)),

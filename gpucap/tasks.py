@@ -12,13 +12,16 @@ periodic passes (the notices sweep, the reconciler, the cache resyncs).
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from celery import shared_task
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
 from gpucap import metrics
 from gpucap.celery import app
+from gpucap.redis_clients import shared_redis
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,24 @@ def enqueue_on_commit(task_name: str, *args, **options) -> None:
         what=f"send {task_name}",
         first=True,
     )
+
+
+def wake_at(task_name: str, target_id: int, when: datetime) -> None:
+    """Send ``task_name`` for ``target_id`` at ``when`` (``eta``), once the current transaction
+    commits: a set planned again when a protection window ends, a schedule's boundary applied
+    on time. Idempotent: asking again for the same task, target and moment sends nothing more."""
+    on_commit(lambda: _send_at(task_name, target_id, when), what=f"send {task_name} at {when}")
+
+
+def _send_at(task_name: str, target_id: int, when: datetime) -> None:
+    seconds = max(0.0, (when - timezone.now()).total_seconds())
+    key = (
+        f"gpucap:wake:{connection.settings_dict['NAME']}:{task_name}:{target_id}:"
+        f"{when.timestamp():.6f}"
+    )
+    # The key outlives the moment by a margin, so a retry just after it sends nothing twice.
+    if shared_redis().set(key, "1", nx=True, ex=int(seconds) + 30):
+        app.send_task(task_name, args=[target_id], eta=when)
 
 
 def on_commit(

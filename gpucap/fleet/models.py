@@ -342,6 +342,10 @@ class Pool(models.Model):
     tenants = models.ManyToManyField(
         Tenant, blank=True, related_name="pools", help_text="Tenants that may use this pool."
     )
+    # What the set's schedule or an override puts in force instead of rank and floor_gpus,
+    # written at each boundary by gpucap/schedules/services.py (None: the pool's own value).
+    scheduled_rank = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    scheduled_floor_gpus = models.PositiveIntegerField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -371,6 +375,16 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def rank_in_force(self) -> int:
+        """The rank the arbiter uses now: the schedule's, else the pool's own."""
+        return self.rank if self.scheduled_rank is None else self.scheduled_rank
+
+    @property
+    def floor_in_force(self) -> int:
+        """The floor the arbiter keeps now: the schedule's, else the pool's own."""
+        return self.floor_gpus if self.scheduled_floor_gpus is None else self.scheduled_floor_gpus
 
 
 class Image(models.Model):

@@ -123,9 +123,11 @@ def deployment_autoscale(*, deployment_id: int, signal: int, now: datetime) -> S
     if desired > live:
         changed = _scale(deployment, desired, now, f"load {signal}: {live} -> {desired} replicas")
         return outcome(Scaling.UP, changed)
-    if live > deployment.max_replicas:
+    if live > deployment.max_replicas_in_force:
         # Above the range (it was narrowed meanwhile): no load makes that right, no wait.
-        changed = _scale(deployment, desired, now, f"above max_replicas {deployment.max_replicas}")
+        changed = _scale(
+            deployment, desired, now, f"above max_replicas {deployment.max_replicas_in_force}"
+        )
         return outcome(Scaling.DOWN, changed)
     if desired == live:
         _remember(deployment, since=None)
@@ -153,9 +155,10 @@ def deployment_autoscale(*, deployment_id: int, signal: int, now: datetime) -> S
 
 
 def replicas_wanted(deployment: InferenceDeployment, signal: int) -> int:
-    """Replicas the load asks for, within the deployment's range."""
+    """Replicas the load asks for, within the deployment's range in force (its own, or what
+    its capacity set's schedule or an override puts in force: gpucap/schedules)."""
     wanted = math.ceil(max(signal, 0) / deployment.target_in_flight)
-    return max(deployment.min_replicas, min(wanted, deployment.max_replicas))
+    return max(deployment.min_replicas_in_force, min(wanted, deployment.max_replicas_in_force))
 
 
 def _scale(deployment: InferenceDeployment, to: int, now: datetime, reason: str) -> list:

@@ -54,6 +54,10 @@ class InferenceDeployment(models.Model):
         help_text="How long a request waits for a replica to start when none is ready (at zero "
         "replicas); past it the router answers 503 with Retry-After.",
     )
+    # What the capacity set's schedule or an override puts in force instead of min_replicas
+    # and max_replicas, written at each boundary by gpucap/schedules/services.py (None: own).
+    scheduled_min_replicas = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    scheduled_max_replicas = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     # The autoscaler's memory: since when fewer replicas would do (None: not so now).
     scale_down_since = models.DateTimeField(null=True, blank=True)
     last_scaled_at = models.DateTimeField(null=True, blank=True)
@@ -88,6 +92,20 @@ class InferenceDeployment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.slug} ({self.model_name})"
+
+    @property
+    def min_replicas_in_force(self) -> int:
+        """The range's lower bound now: the schedule's, else the deployment's own."""
+        scheduled = self.scheduled_min_replicas
+        return self.min_replicas if scheduled is None else scheduled
+
+    @property
+    def max_replicas_in_force(self) -> int:
+        """The range's upper bound now: the schedule's, else the deployment's own (never below
+        the lower bound in force)."""
+        scheduled = self.scheduled_max_replicas
+        high = self.max_replicas if scheduled is None else scheduled
+        return max(high, self.min_replicas_in_force)
 
     @property
     def cold_start_words(self) -> str:

@@ -54,9 +54,10 @@ from gpucap.plans import snapshot_cache
 from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot
-from gpucap.plans.triggers import replan_soon, wake_at
+from gpucap.plans.triggers import replan_soon
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.tasks import wake_at
 
 logger = logging.getLogger(__name__)
 

@@ -10,16 +10,18 @@ One translation serves both places the arbiter plans:
 What goes in:
 
 - nodes with their partition tables, state and failed GPUs;
-- pools with rank, floor and protection window (``protect_seconds``; a VM is protected from its
-  latest start or resume: ``started_at``, or the snapshot's ``now`` while it is provisioning);
+- pools with the rank and floor in force (the set's schedule or an override may put others in
+  force than the pool's own: gpucap/schedules) and protection window (``protect_seconds``; a
+  VM is protected from its latest start or resume: ``started_at``, or the snapshot's ``now``
+  while it is provisioning);
 - every VM holding GPUs on these nodes: ``running`` (provisioning or running) or ``notified``
   (under notice or stopping: leaving, its GPUs reserved, never a victim again). A VM of a pool
   outside the snapshot (placed by hand, or left when a node changed sets) enters under the
   pseudo-pool ``(other pools)``, ranked below every pool and never preempted. A VM holding GPUs
   that are not one partition of its node's table cannot be expressed; those GPUs are marked
   unusable (as if failed) and the VM is left alone;
-- inference deployments of the pools with their ``min_replicas`` (no preemption takes one
-  below it), and each replica VM naming its deployment;
+- inference deployments of the pools with the ``min_replicas`` in force (no preemption takes
+  one below it), and each replica VM naming its deployment;
 - in a capacity set, each running or notified VM that is not an inference replica naming its
   job (``group``: the demand group it was requested in), so the arbiter reclaims a multi-VM
   job whole or not at all (outside a set, `standalone` stops a victim's job-mates itself);
@@ -230,14 +232,14 @@ class LiveCapacity:
             am.Pool(
                 name=pool.name,
                 kind=pool_kind(pool),
-                rank=pool.rank,
-                floor_gpus=pool.floor_gpus,
+                rank=pool.rank_in_force,
+                floor_gpus=pool.floor_in_force,
                 protect_seconds=pool.protect_seconds,
             )
             for pool in pools.values()
         ]
         if any(vm.pool == OTHER_POOLS for vm in vms):
-            lowest = max((pool.rank for pool in pools.values()), default=0)
+            lowest = max((pool.rank_in_force for pool in pools.values()), default=0)
             snapshot_pools.append(am.Pool(name=OTHER_POOLS, kind="on_demand", rank=lowest + 1))
         return am.Snapshot(
             capacity_set=am.CapacitySet(name=name, fabric=fabric, gpu_model=gpu_model),
@@ -249,7 +251,7 @@ class LiveCapacity:
                 am.Deployment(
                     name=deployment.slug,
                     pool=pools[deployment.pool_id].name,
-                    min_replicas=deployment.min_replicas,
+                    min_replicas=deployment.min_replicas_in_force,
                 )
                 for deployment in sorted(self.deployments.values(), key=lambda d: d.slug)
                 # Outside a set an inference pool enters as on_demand: no floors to keep.

@@ -44,9 +44,9 @@ from gpucap.arbiter import model as am
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Node, Pool
 from gpucap.plans.snapshot import Hardware, LiveCapacity
-from gpucap.plans.triggers import wake_at
 from gpucap.rentals import jobs, services
 from gpucap.rentals.models import VirtualMachine
+from gpucap.tasks import wake_at
 
 logger = logging.getLogger(__name__)
 

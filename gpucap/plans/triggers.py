@@ -12,18 +12,14 @@ key expires and the periodic tick (``plans.tick_all``, every ``PLANS_INTERVAL_SE
 the set anyway.
 
 A demand that waits only for protected VMs (a pool's ``protect_seconds``) is planned again the
-moment their protection ends (`wake_at`): the task is sent with that ``eta``, once per task,
-argument and moment, and without the debounce claim (a wake-up minutes away must not hold back
-the prompt replans of changes meanwhile).
+moment their protection ends (`gpucap.tasks.wake_at`), without the debounce claim (a wake-up
+minutes away must not hold back the prompt replans of changes meanwhile).
 
 This module imports no app code, so the fleet services can call it without an import cycle.
 """
 
-from datetime import datetime
-
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
 from gpucap.celery import app
 from gpucap.redis_clients import shared_redis
@@ -62,23 +58,6 @@ def _send(capacity_set_id: int, countdown: float | None) -> None:
         countdown = max(client.pttl(_started_key(capacity_set_id)), 0) / 1000
     if claimed or countdown == 0:
         app.send_task("plans.replan", args=[capacity_set_id], countdown=countdown)
-
-
-def wake_at(task_name: str, target_id: int, when: datetime) -> None:
-    """Send ``task_name`` (``plans.replan`` of a set, ``rentals.standalone_place`` of a
-    cluster) for ``target_id`` at ``when``, once the current transaction commits. Idempotent:
-    asking again for the same moment sends nothing more."""
-    on_commit(lambda: _send_at(task_name, target_id, when), what=f"send {task_name} at {when}")
-
-
-def _send_at(task_name: str, target_id: int, when: datetime) -> None:
-    seconds = max(0.0, (when - timezone.now()).total_seconds())
-    key = (
-        f"gpucap:wake:{connection.settings_dict['NAME']}:{task_name}:{target_id}:"
-        f"{when.timestamp():.6f}"
-    )
-    if shared_redis().set(key, "1", nx=True, ex=int(seconds) + _CLAIM_MARGIN_SECONDS):
-        app.send_task(task_name, args=[target_id], eta=when)
 
 
 def _key(capacity_set_id: int) -> str:

@@ -5,7 +5,7 @@ rules that the fleet file checks too live in gpucap.fleet.rules.
 Callers use the package: ``from gpucap.fleet import services as fleet; fleet.node_create(...)``.
 """
 
-from gpucap.fleet.services._common import capacity_set_bump
+from gpucap.fleet.services._common import capacity_set_bump, lock_set
 from gpucap.fleet.services.capacity_sets import (
     capacity_set_create,
     capacity_set_delete,
@@ -65,6 +65,7 @@ __all__ = [
     "image_create",
     "image_delete",
     "image_update",
+    "lock_set",
     "node_cordon",
     "node_create",
     "node_delete",

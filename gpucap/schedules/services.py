@@ -1,0 +1,379 @@
+"""Every change to a capacity set's schedule and overrides, and the application of what is in
+force (`policy_apply`).
+
+Writing an entry or an override is validated whole before anything is written: its window, what
+it sets (gpucap/schedules/spec.py), and that no other entry (or override) sets the same value
+while both are open, which is refused naming both. Then the set's policy is applied at once.
+
+`policy_apply` computes the policy in force now (gpucap/schedules/calendar.py) and writes it into
+the pools' and deployments' ``scheduled_*`` columns; when a value changed it bumps the set's
+generation (so the arbiter plans again with it, and a plan made before can no longer be
+approved) and records each change in the audit log, with the entry or override it comes from.
+Expired overrides are deleted then (audited too). It runs at every boundary: sent for that
+moment when the boundary is known (`_wake_at_next`), and by beat (``schedules.apply_due``) as
+the safety net. It is idempotent: run twice at one moment, the second changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from gpucap.audit.services import Actor, audit_record
+from gpucap.fleet import services as fleet
+from gpucap.fleet.models import CapacitySet, Pool
+from gpucap.inference.models import InferenceDeployment
+from gpucap.schedules import calendar, spec
+from gpucap.schedules.models import PolicyChange, PolicyOverride, ScheduleEntry
+from gpucap.schedules.selectors import SetSchedule, entry_of, override_of, set_schedule
+from gpucap.tasks import enqueue_on_commit, wake_at
+
+# The longest an override may last: a client that forgets one must not change policy for good.
+MAX_OVERRIDE_SECONDS = 31 * 24 * 3600
+
+
+@transaction.atomic
+def schedule_entry_save(
+    *, capacity_set: CapacitySet, data: Mapping, actor: Actor = None, now: datetime | None = None
+) -> ScheduleEntry:
+    """Create the entry ``data["name"]`` of the set, or replace the one of that name."""
+    now = now or timezone.now()
+    fleet.lock_set(capacity_set)
+    problems: dict[str, str] = {}
+    name = data.get("name")
+    if problem := spec.name_problem(name):
+        problems["name"] = problem
+    for key in data:
+        if key not in ("name", *spec.WINDOW_FIELDS, *spec.CHANGE_FIELDS):
+            problems[key] = "is not a field of a schedule entry"
+    window = spec.read_window(data, problems)
+    changes = _read_changes(capacity_set, data, problems)
+    if problems:
+        raise ValidationError(problems)
+    entry = calendar.Entry(name=name, window=window, changes=spec.as_calendar_changes(changes))
+    others = [e for e in set_schedule(capacity_set).entries if e.name != name]
+    clashes = calendar.conflicts([*others, entry], now)
+    if clashes:
+        raise ValidationError(
+            {"non_field_errors": [clash.describe(window.zone) for clash in clashes]}
+        )
+    row = ScheduleEntry.objects.filter(capacity_set=capacity_set, name=name).first()
+    before = _entry_words(row) if row else {}
+    if row is None:
+        row = ScheduleEntry(capacity_set=capacity_set, name=name, created_by=_user(actor))
+    row.days = sorted(window.days)
+    row.start_time, row.end_time, row.time_zone = window.start, window.end, window.zone
+    row.save()
+    row.changes.all().delete()
+    _write_changes(changes, entry=row)
+    audit_record(
+        actor=actor,
+        verb="schedule_entry.update" if before else "schedule_entry.create",
+        target=row,
+        before=before,
+        after={"window": window.describe(), "sets": [c.describe() for c in entry.changes]},
+    )
+    policy_apply(capacity_set=capacity_set, now=now, actor=actor)
+    return row
+
+
+@transaction.atomic
+def schedule_entry_delete(
+    *, entry: ScheduleEntry, actor: Actor = None, now: datetime | None = None
+) -> None:
+    capacity_set = entry.capacity_set
+    fleet.lock_set(capacity_set)
+    before = _entry_words(entry)
+    audit_record(actor=actor, verb="schedule_entry.delete", target=entry, before=before)
+    entry.delete()
+    policy_apply(capacity_set=capacity_set, now=now or timezone.now(), actor=actor)
+
+
+@transaction.atomic
+def policy_override_set(
+    *,
+    capacity_set: CapacitySet,
+    data: Mapping,
+    actor: Actor = None,
+    now: datetime | None = None,
+) -> PolicyOverride:
+    """Set (or replace, by name) a temporary override of the set's policy. ``data``: ``name``,
+    what it sets (as an entry does), ``expires_at`` or ``ttl_seconds``, optionally
+    ``starts_at`` and ``reason``."""
+    now = now or timezone.now()
+    fleet.lock_set(capacity_set)
+    problems: dict[str, str] = {}
+    name = data.get("name")
+    if problem := spec.name_problem(name):
+        problems["name"] = problem
+    allowed = ("name", "expires_at", "ttl_seconds", "starts_at", "reason", *spec.CHANGE_FIELDS)
+    for key in data:
+        if key not in allowed:
+            problems[key] = "is not a field of an override"
+    starts_at, expires_at = _override_times(data, now, problems)
+    reason = data.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 200:
+        problems["reason"] = "must be text of at most 200 characters"
+    changes = _read_changes(capacity_set, data, problems)
+    if problems:
+        raise ValidationError(problems)
+    set_by = actor.get_username() if actor is not None and actor.is_authenticated else "system"
+    candidate = calendar.Override(
+        name=name,
+        changes=spec.as_calendar_changes(changes),
+        expires_at=expires_at,
+        starts_at=starts_at,
+        set_by=set_by,
+    )
+    rows = PolicyOverride.objects.filter(capacity_set=capacity_set, expires_at__gt=now)
+    for other in (override_of(row) for row in rows.exclude(name=name)):
+        shared = {c.key for c in other.changes} & {c.key for c in candidate.changes}
+        overlap = (other.starts_at or now) < expires_at and (starts_at or now) < other.expires_at
+        if shared and overlap:
+            setting, target = sorted(shared)[0]
+            raise ValidationError(
+                {
+                    "non_field_errors": (
+                        f'override "{other.name}" (set by {other.set_by}, until '
+                        f"{other.expires_at:%Y-%m-%d %H:%M} UTC) already sets "
+                        f"{_setting_words(setting, target)}; clear it or wait for it to expire"
+                    )
+                }
+            )
+    row = PolicyOverride.objects.filter(capacity_set=capacity_set, name=name).first()
+    if row is None:
+        row = PolicyOverride(capacity_set=capacity_set, name=name)
+    row.starts_at, row.expires_at, row.reason = starts_at, expires_at, reason
+    row.set_by, row.set_by_user = set_by, _user(actor)
+    row.save()
+    row.changes.all().delete()
+    _write_changes(changes, override=row)
+    audit_record(
+        actor=actor,
+        verb="policy_override.set",
+        target=row,
+        after={
+            "sets": [c.describe() for c in candidate.changes],
+            "starts_at": starts_at.isoformat() if starts_at else None,
+            "expires_at": expires_at.isoformat(),
+            "reason": reason,
+        },
+    )
+    policy_apply(capacity_set=capacity_set, now=now, actor=actor)
+    return row
+
+
+@transaction.atomic
+def policy_override_clear(
+    *, override: PolicyOverride, actor: Actor = None, now: datetime | None = None
+) -> None:
+    capacity_set = override.capacity_set
+    fleet.lock_set(capacity_set)
+    audit_record(actor=actor, verb="policy_override.clear", target=override)
+    override.delete()
+    policy_apply(capacity_set=capacity_set, now=now or timezone.now(), actor=actor)
+
+
+@transaction.atomic
+def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = None) -> list[str]:
+    """Put in force what the set's schedule and overrides say at ``now``; the changes made, in
+    words (empty: nothing changed)."""
+    fleet.lock_set(capacity_set)
+    for expired in PolicyOverride.objects.filter(capacity_set=capacity_set, expires_at__lte=now):
+        audit_record(
+            actor=None,
+            verb="policy_override.expire",
+            target=expired,
+            message=f"expired at {expired.expires_at:%Y-%m-%d %H:%M:%S} UTC",
+        )
+        expired.delete()
+    schedule = set_schedule(capacity_set)
+    policy = schedule.policy_at(now)
+    words = _write_policy(capacity_set, policy)
+    if words:
+        fleet.capacity_set_bump(capacity_set_id=capacity_set.pk)
+        audit_record(
+            actor=actor,
+            verb="policy.apply",
+            target=capacity_set,
+            after={"changes": words, "sources": _sources(policy)},
+            message="; ".join(words),
+        )
+    _wake_at_next(schedule, now)
+    return words
+
+
+def policies_apply_due(*, now: datetime | None = None) -> int:
+    """`policy_apply` for every set with a schedule, an override or values still in force from
+    one (beat's safety net under the boundary wake-ups). Returns how many sets changed."""
+    now = now or timezone.now()
+    sets = CapacitySet.objects.filter(
+        Q(schedule_entries__isnull=False)
+        | Q(policy_overrides__isnull=False)
+        | Q(pools__scheduled_rank__isnull=False)
+        | Q(pools__scheduled_floor_gpus__isnull=False)
+        | Q(pools__deployments__scheduled_min_replicas__isnull=False)
+        | Q(pools__deployments__scheduled_max_replicas__isnull=False)
+    ).distinct()
+    return sum(1 for capacity_set in sets if policy_apply(capacity_set=capacity_set, now=now))
+
+
+def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[str]:
+    """Write ``policy`` into the set's ``scheduled_*`` columns; what changed, in words."""
+    words = []
+    for pool in Pool.objects.filter(capacity_set=capacity_set).select_for_update().order_by("rank"):
+        rank = policy.ranks.get(pool.name, pool.rank)
+        scheduled_rank = None if rank == pool.rank else rank
+        in_force = (calendar.FLOOR_GPUS, pool.name) in policy.sources
+        scheduled_floor = policy.floors[pool.name] if in_force else None
+        if (pool.scheduled_rank, pool.scheduled_floor_gpus) == (scheduled_rank, scheduled_floor):
+            continue
+        if pool.floor_in_force != (scheduled_floor if in_force else pool.floor_gpus):
+            new = scheduled_floor if in_force else pool.floor_gpus
+            words.append(f"pool {pool.name} floor {pool.floor_in_force} → {new} GPUs")
+        if pool.rank_in_force != rank:
+            words.append(f"pool {pool.name} rank {pool.rank_in_force} → {rank}")
+        pool.scheduled_rank, pool.scheduled_floor_gpus = scheduled_rank, scheduled_floor
+        pool.save(update_fields=["scheduled_rank", "scheduled_floor_gpus"])
+    deployments = InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
+    woken = []
+    for deployment in deployments.select_for_update(of=("self",)).order_by("slug"):
+        low_key = (calendar.MIN_REPLICAS, deployment.slug)
+        high_key = (calendar.MAX_REPLICAS, deployment.slug)
+        low, high = policy.replicas.get(
+            deployment.slug, (deployment.min_replicas, deployment.max_replicas)
+        )
+        scheduled = (
+            low if low_key in policy.sources else None,
+            high if high_key in policy.sources else None,
+        )
+        if (deployment.scheduled_min_replicas, deployment.scheduled_max_replicas) == scheduled:
+            continue
+        before = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
+        deployment.scheduled_min_replicas, deployment.scheduled_max_replicas = scheduled
+        after = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
+        deployment.save(update_fields=["scheduled_min_replicas", "scheduled_max_replicas"])
+        if before != after:
+            words.append(
+                f"deployment {deployment.slug} replicas {before[0]}-{before[1]} → "
+                f"{after[0]}-{after[1]}"
+            )
+            woken.append(deployment.pk)
+    for deployment_id in woken:
+        # The autoscaler asks for the replicas a raised minimum needs (or lets go of those a
+        # lowered maximum leaves over) now, not at its next periodic run.
+        enqueue_on_commit("inference.wake", deployment_id)
+    return words
+
+
+def _wake_at_next(schedule: SetSchedule, now: datetime) -> None:
+    following = schedule.next_boundary(now)
+    if following is not None:
+        wake_at("schedules.apply", schedule.capacity_set.pk, following)
+
+
+def _read_changes(
+    capacity_set: CapacitySet, data: Mapping, problems: dict[str, str]
+) -> list[spec.ChangeSpec]:
+    pools = {pool.name: pool for pool in Pool.objects.filter(capacity_set=capacity_set)}
+    deployments = {
+        d.slug: d for d in InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
+    }
+    set_gpus = fleet.capacity_set_gpu_total(capacity_set=capacity_set)
+    changes = spec.read_changes(
+        data, pools=pools, deployments=deployments, set_gpus=set_gpus, problems=problems
+    )
+    floors = {pool.name: pool.floor_gpus for pool in pools.values()}
+    floors.update(
+        {c.pool.name: c.value for c in changes if c.setting == PolicyChange.Setting.FLOOR_GPUS}
+    )
+    if sum(floors.values()) > set_gpus and not problems:
+        problems["pools"] = (
+            f"floors would add up to {sum(floors.values())} GPUs while this is in force; the set "
+            f"has {set_gpus}"
+        )
+    return changes
+
+
+def _write_changes(
+    changes: list[spec.ChangeSpec],
+    *,
+    entry: ScheduleEntry | None = None,
+    override: PolicyOverride | None = None,
+) -> None:
+    PolicyChange.objects.bulk_create(
+        PolicyChange(
+            entry=entry,
+            override=override,
+            setting=change.setting,
+            pool=change.pool,
+            deployment=change.deployment,
+            value=change.value,
+            position=change.position,
+        )
+        for change in changes
+    )
+
+
+def _override_times(
+    data: Mapping, now: datetime, problems: dict[str, str]
+) -> tuple[datetime | None, datetime]:
+    starts_at = _moment(data.get("starts_at"), "starts_at", problems)
+    expires_at = _moment(data.get("expires_at"), "expires_at", problems)
+    ttl = data.get("ttl_seconds")
+    if ttl is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 < ttl <= MAX_OVERRIDE_SECONDS:
+            problems["ttl_seconds"] = (
+                f"must be a whole number of seconds from 1 to {MAX_OVERRIDE_SECONDS}"
+            )
+        elif expires_at is not None:
+            problems["ttl_seconds"] = "give expires_at or ttl_seconds, not both"
+        else:
+            expires_at = (starts_at or now) + timedelta(seconds=ttl)
+    if expires_at is None and not {"expires_at", "ttl_seconds"} & problems.keys():
+        problems["expires_at"] = "an override must expire: give expires_at or ttl_seconds"
+    if expires_at is not None and "expires_at" not in problems:
+        if expires_at <= max(now, starts_at or now):
+            problems["expires_at"] = "must be in the future, after starts_at"
+        elif expires_at - (starts_at or now) > timedelta(seconds=MAX_OVERRIDE_SECONDS):
+            problems["expires_at"] = "an override may last at most 31 days"
+    return starts_at, expires_at or now
+
+
+def _moment(value: object, field: str, problems: dict[str, str]) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            moment = None
+        if moment is not None and moment.tzinfo is not None:
+            return moment
+    problems[field] = 'must be an ISO 8601 time with a time zone (e.g. "2026-12-01T20:00:00Z")'
+    return None
+
+
+def _entry_words(row: ScheduleEntry) -> dict:
+    entry = entry_of(row)
+    return {"window": entry.window.describe(), "sets": [c.describe() for c in entry.changes]}
+
+
+def _sources(policy: calendar.Policy) -> dict[str, str]:
+    return {_setting_words(*key): source for key, source in policy.sources.items()}
+
+
+def _setting_words(setting: str, target: str) -> str:
+    if setting == calendar.RANK_ORDER:
+        return "the rank order"
+    owner = "pool" if setting == calendar.FLOOR_GPUS else "deployment"
+    return f"{owner} {target}'s {setting}"
+
+
+def _user(actor: Actor):
+    return actor if actor is not None and actor.is_authenticated else None
