@@ -263,11 +263,11 @@ def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[st
                 f"deployment {deployment.slug} replicas {before[0]}-{before[1]} → "
                 f"{after[0]}-{after[1]}"
             )
-            woken.append(deployment.pk)
-    for deployment_id in woken:
+            woken.append(deployment.slug)
+    for slug in woken:
         # The autoscaler asks for the replicas a raised minimum needs (or lets go of those a
         # lowered maximum leaves over) now, not at its next periodic run.
-        enqueue_on_commit("inference.wake", deployment_id)
+        enqueue_on_commit("inference.wake", slug)
     return words
 
 
