@@ -84,6 +84,8 @@ COMMANDS = {
     "/api/capacity-sets/{id}/mode/": ("CapacitySetModeRequest", "CapacitySetModeResult"),
     "/api/capacity-sets/{id}/what-if/": ("WhatIfRequest", "WhatIfPreview"),
     "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
+    "/api/capacity-sets/{id}/schedule/": ("ScheduleEntryCreateRequest", "ScheduleEntry"),
+    "/api/capacity-sets/{id}/overrides/": ("PolicyOverrideSetRequest", "PolicyOverride"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers

@@ -564,3 +564,21 @@ def test_an_override_at_the_ends_of_the_calendar_is_refused_not_a_server_error(
 
     assert response.status_code == 400, response.content
     assert not PolicyOverride.objects.exists()
+
+
+def test_the_schema_documents_lists_the_replace_shape_and_the_instant(anonymous_api, db):
+    schema = anonymous_api.get("/api/schema/?format=json").json()
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    for path in ("/api/capacity-sets/{id}/schedule/", "/api/capacity-sets/{id}/overrides/"):
+        answer = paths[path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert answer["type"] == "array", path
+        assert set(paths[path]["post"]["responses"]) >= {"200", "201", "400"}, path
+    put = paths["/api/capacity-sets/{id}/schedule/{name}/"]["put"]
+    shape = put["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    replace = components[shape.rsplit("/", 1)[-1]]
+    assert "name" not in replace["properties"]
+    assert {"days", "start", "end", "time_zone"} <= set(replace["required"])
+    assert replace["additionalProperties"] is False
+    at = {p["name"]: p for p in paths["/api/capacity-sets/{id}/policy/"]["get"]["parameters"]}
+    assert at["at"]["schema"]["format"] == "date-time"
+    assert not at["at"].get("required", False)
