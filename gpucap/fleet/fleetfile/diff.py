@@ -9,6 +9,7 @@ from django.contrib.auth.hashers import check_password
 from gpucap.audit.services import Actor
 from gpucap.fleet.fleetfile.diff_nodes import NodesDiff
 from gpucap.fleet.fleetfile.diff_pools import PoolsDiff
+from gpucap.fleet.fleetfile.sections import SectionSpec, SetSection, set_sections
 from gpucap.fleet.fleetfile.spec import (
     ApplyResult,
     Change,
@@ -47,6 +48,7 @@ PHASES = (
     "floors_up",
     "pool_tenants",
     "images",  # after the nodes: an image's per-node paths name them
+    "sections",  # the sets' sections (`sections`): after the sets, their nodes and pools
 )
 
 
@@ -72,6 +74,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self.changes: list[Change] = []
         self.unchanged = 0
         self.steps: dict[str, list[Step]] = {p: [] for p in PHASES}
+        self.sections_left_as_is: list[tuple[str, list[str]]] = []
         self._load()
 
     def _load(self) -> None:
@@ -124,6 +127,8 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self._plan_pools()
         self._check_floors()
         self._plan_images()
+        for section in set_sections():
+            section.plan(_SectionPlan(self, section))
 
     def result(self, *, dry_run: bool) -> ApplyResult:
         return ApplyResult(
@@ -367,4 +372,45 @@ class FleetDiff(NodesDiff, PoolsDiff):
                     for c, n in set(self.images) - {(i.cluster, i.name) for i in f.images}
                 ),
             ),
+            *self.sections_left_as_is,
         ]
+
+
+class _SectionPlan:
+    """A `SectionPlan`: what a set's section sees of a `FleetDiff`."""
+
+    def __init__(self, diff: FleetDiff, section: SetSection) -> None:
+        self._diff, self._section = diff, section
+        self.specs: tuple[SectionSpec, ...] = tuple(
+            spec
+            for set_spec in diff.file.capacity_sets
+            for spec in set_spec.sections
+            if spec.key == section.key
+        )
+        self.set_names = frozenset(s.name for s in diff.file.capacity_sets)
+        self._gpus = diff.set_gpus_after()
+        self._floors = diff.pool_floors_after()
+
+    def capacity_set(self, name: str) -> CapacitySet | None:
+        return self._diff.sets.get(name)
+
+    def pool_floors(self, name: str) -> dict[str, int]:
+        return {pool: floor for pool, (s, floor) in self._floors.items() if s == name}
+
+    def set_gpus(self, name: str) -> int:
+        return self._gpus.get(name, 0)
+
+    def problem(self, where: str, text: str) -> None:
+        self._diff._problem(where, text)
+
+    def change(self, verb: str, label: str, details: list[str] | str) -> None:
+        self._diff._change(verb, self._section.noun, label, details)
+
+    def step(self, where: str, action: str, **kwargs: object) -> None:
+        self._diff._step("sections", where, action, **kwargs)
+
+    def unchanged(self, count: int = 1) -> None:
+        self._diff.unchanged += count
+
+    def left_as_is(self, labels: list[str]) -> None:
+        self._diff.sections_left_as_is.append((self._section.noun, sorted(labels)))

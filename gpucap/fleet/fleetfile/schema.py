@@ -19,7 +19,8 @@ from pydantic import (
 )
 
 from gpucap.fleet import rules
-from gpucap.fleet.fleetfile import checks, problems
+from gpucap.fleet.fleetfile import checks, problems, sections
+from gpucap.fleet.fleetfile.sections import SectionSpec
 from gpucap.fleet.fleetfile.spec import (
     FORMAT_VERSION,
     CapacitySetSpec,
@@ -34,7 +35,7 @@ from gpucap.fleet.fleetfile.spec import (
     PoolSpec,
     TenantSpec,
 )
-from gpucap.fleet.fleetfile.words import where_of
+from gpucap.fleet.fleetfile.words import locate, where_of
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, Cluster, Fabric, Gpu, Node, Pool
 from gpucap.tenancy.models import Membership
 
@@ -62,15 +63,61 @@ def fleet_file_parse(text: str, *, source: str) -> FleetFile:
     except yaml.YAMLError as exc:
         raise FleetFileError([f"{source}: not valid YAML: {exc}"]) from None
     raw = {} if raw is None else raw
+    raw, set_sections = _sections_apart(raw)
     try:
         document = Document.model_validate(raw)
         errors = []
     except ValidationError as exc:
         document, errors = None, exc.errors(include_url=False)
-    found = problems.fleet_file_problems(raw, errors, document=Document)
+    found = problems.fleet_file_problems(
+        raw, errors, document=Document, extra=_section_problems(raw, set_sections)
+    )
     if found:
         raise FleetFileError([f"{source}: {problem}" for problem in found])
-    return _fleet_file(document, raw, source=source)
+    return _fleet_file(document, raw, source=source, set_sections=set_sections)
+
+
+# --- the sections other apps add to a capacity set (`sections`) ---------------------------------
+
+
+def _sections_apart(raw: object) -> tuple[object, dict[int, list[SectionSpec]]]:
+    """``raw`` without the sets' sections, and the sections by the set's index. A section given
+    no value is left out, as any key is."""
+    keys = [section.key for section in sections.set_sections()]
+    items = raw.get("capacity_sets") if isinstance(raw, dict) else None
+    if not keys or not isinstance(items, list):
+        return raw, {}
+    found: dict[int, list[SectionSpec]] = {}
+    kept = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            name = item.get("name")
+            for key in keys:
+                if key in item and item[key] is not None:
+                    found.setdefault(i, []).append(
+                        SectionSpec(
+                            key=key,
+                            capacity_set=name if isinstance(name, str) else "",
+                            path=f"capacity_sets[{i}]",
+                            value=item[key],
+                        )
+                    )
+            item = {k: v for k, v in item.items() if k not in keys}
+        kept.append(item)
+    return {**raw, "capacity_sets": kept}, found
+
+
+def _section_problems(raw: object, set_sections: dict[int, list[SectionSpec]]) -> list:
+    """(sort key, line) of each section's problems: after the set's own."""
+    keys = [section.key for section in sections.set_sections()]
+    found = []
+    for i, specs in set_sections.items():
+        position = locate(raw, ("capacity_sets", i), Document).position
+        for spec in specs:
+            section = next(s for s in sections.set_sections() if s.key == spec.key)
+            for k, text in enumerate(section.check(spec)):
+                found.append(([*position, 1000 + keys.index(spec.key), k], text))
+    return found
 
 
 # --- YAML ---------------------------------------------------------------------------------------
@@ -273,7 +320,9 @@ class Document(Entry):
 # --- specs --------------------------------------------------------------------------------------
 
 
-def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
+def _fleet_file(
+    document: Document, raw: dict, *, source: str, set_sections: dict[int, list[SectionSpec]]
+) -> FleetFile:
     def where(*loc: str | int) -> str:
         return where_of(raw, loc, document=Document)
 
@@ -324,6 +373,7 @@ def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
             gpu_model=s.gpu_model,
             fabric=s.fabric,
             notice_seconds=s.notice_seconds,
+            sections=tuple(set_sections.get(i, ())),
         )
         for i, s in enumerate(document.capacity_sets)
     )
