@@ -406,3 +406,50 @@ def test_export_round_trips_the_schedule_through_an_empty_database(fleet_file):
     events = AuditEvent.objects.count()
     assert apply(fleet_file(first, name="exported.yaml")).strip().startswith("nothing to change")
     assert AuditEvent.objects.count() == events
+
+
+@pytest.mark.django_db
+def test_an_entry_may_set_the_replicas_of_a_deployment_already_in_the_database(
+    fleet_file, fleet_east, tenant
+):
+    from gpucap.fleet import services as fleet_services
+    from gpucap.inference import services as inference
+
+    pool = fleet_east["pools"]["h100-inference"]
+    fleet_services.pool_set_tenants(pool=pool, tenants=[tenant])
+    chat = inference.deployment_create(
+        tenant=tenant, pool=pool, name="chat", model_name="gpucap/sim-8b", gpus_per_replica=1
+    )
+    text = f"""\
+    capacity_sets:
+      - name: h100-east
+        cluster: east
+        gpu_model: H100-SXM5-80GB
+        fabric: nvswitch
+        schedules:
+          - name: day-shift
+            days: mon-fri
+            start: "08:00"
+            end: "20:00"
+            time_zone: America/New_York
+            deployments: {{{chat.slug}: {{min_replicas: 2, max_replicas: 3}}}}
+          - name: typo
+            days: sat
+            start: "08:00"
+            end: "20:00"
+            time_zone: UTC
+            deployments: {{{chat.slug}x: {{min_replicas: 2}}}}
+    """
+
+    assert refused(fleet_file(text)) == (
+        f"fleet.yaml: capacity_sets[0].schedules[1] (typo): deployments.{chat.slug}x: is not "
+        "an inference deployment of this capacity set"
+    )
+
+    apply(fleet_file(text.split("      - name: typo")[0]))
+
+    assert schedule()["day-shift"][4] == [
+        ("max_replicas", chat.slug, 3),
+        ("min_replicas", chat.slug, 2),
+    ]
+    assert f"deployments:\n          {chat.slug}: {{min_replicas: 2, max_replicas: 3}}" in export()
