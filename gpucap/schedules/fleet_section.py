@@ -24,7 +24,7 @@ so applying a file twice changes nothing. Overrides are temporary and never in t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import time
+from datetime import datetime, time
 
 from django.db.models import Prefetch
 from django.utils import timezone
@@ -88,7 +88,7 @@ class ScheduleSection:
         if labels:
             plan.left_as_is(labels)
 
-    def _plan_set(self, plan: SectionPlan, section: SectionSpec, now) -> None:
+    def _plan_set(self, plan: SectionPlan, section: SectionSpec, now: datetime) -> None:
         set_name = section.capacity_set
         capacity_set = plan.capacity_set(set_name)
         # Pools the file creates are not rows yet: the reader only needs their names.
@@ -136,7 +136,7 @@ class ScheduleSection:
                 f"conflicts with {places[clash.first]}: {clash.describe(zones[clash.first])}",
             )
         if fine:
-            self._compare(plan, section, capacity_set, entries)
+            self._compare(plan, section, capacity_set, entries, now)
 
     def _compare(
         self,
@@ -144,23 +144,20 @@ class ScheduleSection:
         section: SectionSpec,
         capacity_set: CapacitySet | None,
         entries: list[tuple[str, calendar.Entry, dict]],
+        now: datetime,
     ) -> None:
-        now = {}
+        stored = {}
         if capacity_set is not None:
-            now = {row.name: entry_of(row) for row in _entry_rows([capacity_set])}
+            stored = {row.name: entry_of(row) for row in _entry_rows([capacity_set])}
         in_file = {entry.name for _, entry, _ in entries}
         # Deletions first: an entry renamed in the file frees its window before it is saved.
-        for name in sorted(set(now) - in_file):
-            plan.change("delete", f"{section.capacity_set}/{name}", _words(now[name]))
-            plan.step(
-                section.set_where,
-                "schedule_entry_delete",
-                capacity_set=section.capacity_set,
-                name=name,
-            )
+        deleted = sorted(set(stored) - in_file)
+        for name in deleted:
+            plan.change("delete", f"{section.capacity_set}/{name}", _words(stored[name]))
+        saved = []
         for where, entry, data in entries:
             label = f"{section.capacity_set}/{entry.name}"
-            before = now.get(entry.name)
+            before = stored.get(entry.name)
             if before is None:
                 plan.change("create", label, _words(entry))
             elif before.window == entry.window and set(before.changes) == set(entry.changes):
@@ -175,6 +172,15 @@ class ScheduleSection:
                 if set(before.changes) != set(entry.changes):
                     details.append(f"sets {_sets(before)} -> {_sets(entry)}")
                 plan.change("update", label, details)
+            saved.append((where, entry, data))
+        for name in deleted + _in_the_way(stored, [entry for _, entry, _ in saved], now):
+            plan.step(
+                section.set_where,
+                "schedule_entry_delete",
+                capacity_set=section.capacity_set,
+                name=name,
+            )
+        for where, _, data in saved:
             plan.step(
                 where, "schedule_entry_save", capacity_set=section.capacity_set, data=dict(data)
             )
@@ -200,6 +206,24 @@ class ScheduleSection:
 
 
 SCHEDULES = ScheduleSection()
+
+
+def _in_the_way(
+    stored: dict[str, calendar.Entry], saved: list[calendar.Entry], now: datetime
+) -> list[str]:
+    """Entries the file changes that, as the database still holds them, would clash with
+    another one saved before them (two entries that swap windows): each is deleted first and
+    saved again, so that no save meets a clash the file as a whole does not have."""
+    waiting = {entry.name: stored[entry.name] for entry in saved if entry.name in stored}
+    in_the_way = []
+    for entry in saved:
+        waiting.pop(entry.name, None)
+        for clash in calendar.conflicts([entry, *waiting.values()], now):
+            other = clash.second if clash.first == entry.name else clash.first
+            if entry.name in (clash.first, clash.second) and other in waiting:
+                in_the_way.append(other)
+                del waiting[other]
+    return in_the_way
 
 
 def _written_problems(item: dict) -> dict[str, str]:

@@ -453,3 +453,42 @@ def test_an_entry_may_set_the_replicas_of_a_deployment_already_in_the_database(
         ("min_replicas", chat.slug, 2),
     ]
     assert f"deployments:\n          {chat.slug}: {{min_replicas: 2, max_replicas: 3}}" in export()
+
+
+@pytest.mark.django_db
+def test_two_entries_that_swap_windows_are_applied_though_each_meets_the_other_midway(
+    fleet_file,
+):
+    two = """\
+    schedules:
+      - name: day-shift
+        days: mon-fri
+        start: "08:00"
+        end: "20:00"
+        time_zone: America/New_York
+        pools: {h100-inference: {floor_gpus: 16}}
+      - name: evening
+        days: mon-fri
+        start: "20:00"
+        end: "23:00"
+        time_zone: America/New_York
+        pools: {h100-inference: {floor_gpus: 12}}
+"""
+    apply(fleet_file(fleet(two)))
+    swapped = (
+        two.replace('"08:00"', "START")
+        .replace('start: "20:00"', 'start: "08:00"')
+        .replace("START", '"20:00"')
+        .replace('end: "20:00"', "END")
+        .replace('end: "23:00"', 'end: "20:00"')
+        .replace("END", 'end: "23:00"')
+    )
+
+    output = apply(fleet_file(fleet(swapped)))
+
+    assert "updated 2 schedule entries" in output.splitlines()[-1]
+    assert {name: entry[1:3] for name, entry in schedule().items()} == {
+        "day-shift": ("20:00", "23:00"),
+        "evening": ("08:00", "20:00"),
+    }
+    assert apply(fleet_file(fleet(swapped))).strip() == "nothing to change, unchanged 10"
