@@ -9,7 +9,7 @@ from django.contrib.auth.hashers import check_password
 from gpucap.audit.services import Actor
 from gpucap.fleet.fleetfile.diff_nodes import NodesDiff
 from gpucap.fleet.fleetfile.diff_pools import PoolsDiff
-from gpucap.fleet.fleetfile.sections import SectionSpec, SetSection, set_sections
+from gpucap.fleet.fleetfile.diff_sections import SectionsDiff
 from gpucap.fleet.fleetfile.spec import (
     ApplyResult,
     Change,
@@ -62,10 +62,10 @@ class Step:
     kwargs: dict
 
 
-class FleetDiff(NodesDiff, PoolsDiff):
+class FleetDiff(NodesDiff, PoolsDiff, SectionsDiff):
     """Compares the file with the database: finds the problems, the changes and the service
     calls that make them, in a safe order. Nodes and pools are compared in `diff_nodes` and
-    `diff_pools`."""
+    `diff_pools`, the sets' sections (their schedules) in `diff_sections`."""
 
     def __init__(self, fleet_file: FleetFile, *, actor: Actor) -> None:
         self.file = fleet_file
@@ -127,8 +127,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self._plan_pools()
         self._check_floors()
         self._plan_images()
-        for section in set_sections():
-            section.plan(_SectionPlan(self, section))
+        self._plan_sections()
 
     def result(self, *, dry_run: bool) -> ApplyResult:
         return ApplyResult(
@@ -374,43 +373,3 @@ class FleetDiff(NodesDiff, PoolsDiff):
             ),
             *self.sections_left_as_is,
         ]
-
-
-class _SectionPlan:
-    """A `SectionPlan`: what a set's section sees of a `FleetDiff`."""
-
-    def __init__(self, diff: FleetDiff, section: SetSection) -> None:
-        self._diff, self._section = diff, section
-        self.specs: tuple[SectionSpec, ...] = tuple(
-            spec
-            for set_spec in diff.file.capacity_sets
-            for spec in set_spec.sections
-            if spec.key == section.key
-        )
-        self.set_names = frozenset(s.name for s in diff.file.capacity_sets)
-        self._gpus = diff.set_gpus_after()
-        self._floors = diff.pool_floors_after()
-
-    def capacity_set(self, name: str) -> CapacitySet | None:
-        return self._diff.sets.get(name)
-
-    def pool_floors(self, name: str) -> dict[str, int]:
-        return {pool: floor for pool, (s, floor) in self._floors.items() if s == name}
-
-    def set_gpus(self, name: str) -> int:
-        return self._gpus.get(name, 0)
-
-    def problem(self, where: str, text: str) -> None:
-        self._diff._problem(where, text)
-
-    def change(self, verb: str, label: str, details: list[str] | str) -> None:
-        self._diff._change(verb, self._section.noun, label, details)
-
-    def step(self, where: str, action: str, **kwargs: object) -> None:
-        self._diff._step("sections", where, action, **kwargs)
-
-    def unchanged(self, count: int = 1) -> None:
-        self._diff.unchanged += count
-
-    def left_as_is(self, labels: list[str]) -> None:
-        self._diff.sections_left_as_is.append((self._section.noun, sorted(labels)))

@@ -35,7 +35,7 @@ from gpucap.fleet.fleetfile.spec import (
     PoolSpec,
     TenantSpec,
 )
-from gpucap.fleet.fleetfile.words import locate, where_of
+from gpucap.fleet.fleetfile.words import where_of
 from gpucap.fleet.models import MAX_GPUS_PER_NODE, Cluster, Fabric, Gpu, Node, Pool
 from gpucap.tenancy.models import Membership
 
@@ -63,61 +63,21 @@ def fleet_file_parse(text: str, *, source: str) -> FleetFile:
     except yaml.YAMLError as exc:
         raise FleetFileError([f"{source}: not valid YAML: {exc}"]) from None
     raw = {} if raw is None else raw
-    raw, set_sections = _sections_apart(raw)
+    raw, set_sections = sections.sections_apart(raw)
     try:
         document = Document.model_validate(raw)
         errors = []
     except ValidationError as exc:
         document, errors = None, exc.errors(include_url=False)
     found = problems.fleet_file_problems(
-        raw, errors, document=Document, extra=_section_problems(raw, set_sections)
+        raw,
+        errors,
+        document=Document,
+        extra=sections.section_problems(raw, set_sections, document=Document),
     )
     if found:
         raise FleetFileError([f"{source}: {problem}" for problem in found])
     return _fleet_file(document, raw, source=source, set_sections=set_sections)
-
-
-# --- the sections other apps add to a capacity set (`sections`) ---------------------------------
-
-
-def _sections_apart(raw: object) -> tuple[object, dict[int, list[SectionSpec]]]:
-    """``raw`` without the sets' sections, and the sections by the set's index. A section given
-    no value is left out, as any key is."""
-    keys = [section.key for section in sections.set_sections()]
-    items = raw.get("capacity_sets") if isinstance(raw, dict) else None
-    if not keys or not isinstance(items, list):
-        return raw, {}
-    found: dict[int, list[SectionSpec]] = {}
-    kept = []
-    for i, item in enumerate(items):
-        if isinstance(item, dict):
-            name = item.get("name")
-            for key in keys:
-                if key in item and item[key] is not None:
-                    found.setdefault(i, []).append(
-                        SectionSpec(
-                            key=key,
-                            capacity_set=name if isinstance(name, str) else "",
-                            path=f"capacity_sets[{i}]",
-                            value=item[key],
-                        )
-                    )
-            item = {k: v for k, v in item.items() if k not in keys}
-        kept.append(item)
-    return {**raw, "capacity_sets": kept}, found
-
-
-def _section_problems(raw: object, set_sections: dict[int, list[SectionSpec]]) -> list:
-    """(sort key, line) of each section's problems: after the set's own."""
-    keys = [section.key for section in sections.set_sections()]
-    found = []
-    for i, specs in set_sections.items():
-        position = locate(raw, ("capacity_sets", i), Document).position
-        for spec in specs:
-            section = next(s for s in sections.set_sections() if s.key == spec.key)
-            for k, text in enumerate(section.check(spec)):
-                found.append(([*position, 1000 + keys.index(spec.key), k], text))
-    return found
 
 
 # --- YAML ---------------------------------------------------------------------------------------

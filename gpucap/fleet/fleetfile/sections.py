@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gpucap.fleet.fleetfile.words import locate
+
 if TYPE_CHECKING:
     from gpucap.fleet.models import CapacitySet
 
@@ -107,6 +109,50 @@ def set_section_action(action: str) -> Callable[..., object] | None:
         if action in section.actions:
             return section.actions[action]
     return None
+
+
+# --- reading a file (gpucap/fleet/fleetfile/schema.py) ------------------------------------------
+
+
+def sections_apart(raw: object) -> tuple[object, dict[int, list[SectionSpec]]]:
+    """``raw`` without the sets' sections, and the sections by the set's index. A section given
+    no value is left out, as any key is."""
+    keys = [section.key for section in set_sections()]
+    items = raw.get("capacity_sets") if isinstance(raw, dict) else None
+    if not keys or not isinstance(items, list):
+        return raw, {}
+    found: dict[int, list[SectionSpec]] = {}
+    kept = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            name = item.get("name")
+            for key in keys:
+                if key in item and item[key] is not None:
+                    found.setdefault(i, []).append(
+                        SectionSpec(
+                            key=key,
+                            capacity_set=name if isinstance(name, str) else "",
+                            path=f"capacity_sets[{i}]",
+                            value=item[key],
+                        )
+                    )
+            item = {k: v for k, v in item.items() if k not in keys}
+        kept.append(item)
+    return {**raw, "capacity_sets": kept}, found
+
+
+def section_problems(raw: object, given: dict[int, list[SectionSpec]], *, document: type) -> list:
+    """(sort key, line) of the problems of each section ``given``, as its `SetSection.check`
+    words them: after the set's own problems (``document`` is the file's model)."""
+    keys = [section.key for section in set_sections()]
+    found = []
+    for i, specs in given.items():
+        position = locate(raw, ("capacity_sets", i), document).position
+        for spec in specs:
+            section = next(s for s in set_sections() if s.key == spec.key)
+            for k, text in enumerate(section.check(spec)):
+                found.append(([*position, 1000 + keys.index(spec.key), k], text))
+    return found
 
 
 def plural_of(noun: str) -> str:
