@@ -492,3 +492,31 @@ def test_two_entries_that_swap_windows_are_applied_though_each_meets_the_other_m
         "evening": ("08:00", "20:00"),
     }
     assert apply(fleet_file(fleet(swapped))).strip() == "nothing to change, unchanged 10"
+
+
+@pytest.mark.django_db
+def test_schedules_must_be_a_list_and_given_no_value_reads_as_left_out(fleet_file):
+    assert refused(fleet_file(fleet("    schedules: {day-shift: mon-fri}\n"))) == (
+        "fleet.yaml: capacity_sets[0] (h100-east): schedules: must be a list of schedule "
+        "entries (lines starting with -), got a mapping"
+    )
+    apply(fleet_file(fleet()))
+
+    output = apply(fleet_file(fleet("    schedules:\n")))
+
+    assert ScheduleEntry.objects.count() == 2
+    assert "not in file (left as is): 2 schedule entries" in output
+
+
+@pytest.mark.django_db
+def test_a_dry_run_of_a_new_set_with_a_schedule_checks_it_against_the_pools_the_file_creates(
+    fleet_file,
+):
+    output = apply(fleet_file(fleet()), "--dry-run")
+
+    assert "would create schedule entry h100-east/day-shift: Mon-Fri 08:00-20:00" in output
+    assert output.splitlines()[-1] == (
+        "dry run, nothing written: would create 1 cluster, 1 capacity set, 3 nodes, 3 pools and "
+        "2 schedule entries, unchanged 0"
+    )
+    assert CapacitySet.objects.count() == ScheduleEntry.objects.count() == 0
