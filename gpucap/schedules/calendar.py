@@ -119,7 +119,9 @@ def _wall(instant: datetime, zone: ZoneInfo) -> datetime:
 
 
 def describe_days(days: Iterable[int]) -> str:
-    """``Mon-Fri``, ``Sat, Sun``, ``every day``: runs of three or more days as a range."""
+    """``Mon-Fri``, ``Sat, Sun``, ``Fri-Mon``, ``every day``: runs of three or more days as a
+    range. The week wraps, as the written form's ``fri-mon`` does: a run ending on Sunday goes
+    on into Monday."""
     ordered = sorted(set(days))
     if len(ordered) == 7:
         return "every day"
@@ -129,6 +131,8 @@ def describe_days(days: Iterable[int]) -> str:
             runs[-1].append(day)
         else:
             runs.append([day])
+    if len(runs) > 1 and runs[0][0] == 0 and runs[-1][-1] == 6:
+        runs.insert(0, runs.pop() + runs.pop(0))
     parts = []
     for run in runs:
         names = [DAY_NAMES[day].title() for day in run]
@@ -292,7 +296,8 @@ def effective(
     should two meet anyway, the first by name wins), else the set's own. A rank order ranks
     the pools it names, in its order, on the ranks those pools hold themselves: the other pools
     keep theirs, and ranks stay unique. A change naming a pool or deployment the set no
-    longer has is ignored."""
+    longer has is ignored (a rank order left with fewer than two of its pools, whole). A
+    deployment's maximum is never below its minimum in force."""
     chosen: dict[tuple[str, str], tuple[Change, str]] = {}
     for entry in sorted(entries, key=lambda entry: entry.name):
         if entry.window.active_at(at):
@@ -317,14 +322,21 @@ def effective(
             low, high = replicas[target]
             value = int(change.value)  # type: ignore[arg-type]
             replicas[target] = (value, high) if setting == MIN_REPLICAS else (low, value)
-        elif setting == RANK_ORDER:
-            named = [pool for pool in change.value if pool in ranks]  # type: ignore[union-attr]
+        elif setting == RANK_ORDER and len(named := _known(change.value, ranks)) >= 2:
             slots = sorted(base.pools[pool][0] for pool in named)
             ranks.update(zip(named, slots, strict=True))
         else:
             continue
         sources[key] = source
+    # A raised minimum lifts a maximum below it, as a deployment's range in force does
+    # (`InferenceDeployment.max_replicas_in_force`): an entry may set only the minimum.
+    replicas = {name: (low, max(low, high)) for name, (low, high) in replicas.items()}
     return Policy(at=at, ranks=ranks, floors=floors, replicas=replicas, sources=sources)
+
+
+def _known(order: object, ranks: Mapping[str, int]) -> list[str]:
+    """The pools of a rank order the set still has (fewer than two: nothing to reorder)."""
+    return [pool for pool in order if pool in ranks]  # type: ignore[union-attr]
 
 
 def boundaries(
