@@ -191,12 +191,14 @@ class Override:
 
 @dataclass(frozen=True)
 class Conflict:
-    """Two entries that set the same value while both are open, first at ``at``."""
+    """Two entries that set the same value while both are open, first at ``at``; ``values``:
+    what each sets it to."""
 
     first: str
     second: str
     key: tuple[str, str]
     at: datetime
+    values: tuple[int | tuple[str, ...], int | tuple[str, ...]] | None = None
 
     def describe(self, zone: str = "UTC") -> str:
         setting, target = self.key
@@ -206,10 +208,18 @@ class Conflict:
             else f"{'pool' if setting == FLOOR_GPUS else 'deployment'} {target}'s {setting}"
         )
         when = self.at.astimezone(ZoneInfo(zone)).strftime("%a %Y-%m-%d %H:%M")
-        return (
+        words = (
             f'entries "{self.first}" and "{self.second}" both set {what} while both are open '
             f"(first at {when} {zone})"
         )
+        if self.values is not None:
+            first, second = (_value_words(value) for value in self.values)
+            words += f': "{self.first}" sets it to {first}, "{self.second}" to {second}'
+        return words
+
+
+def _value_words(value: int | tuple[str, ...]) -> str:
+    return " > ".join(value) if isinstance(value, tuple) else str(value)
 
 
 def conflicts(entries: Sequence[Entry], since: datetime) -> list[Conflict]:
@@ -230,8 +240,10 @@ def conflicts(entries: Sequence[Entry], since: datetime) -> list[Conflict]:
                     intervals[entry.name] = entry.window.occurrences(since, until)
             overlap = _first_overlap(intervals[first.name], intervals[second.name])
             if overlap is not None:
+                sets = [{change.key: change.value for change in e.changes} for e in (first, second)]
                 for key in sorted(shared):
-                    found.append(Conflict(first.name, second.name, key, overlap))
+                    values = (sets[0][key], sets[1][key])
+                    found.append(Conflict(first.name, second.name, key, overlap, values))
     return found
 
 

@@ -356,6 +356,7 @@ def test_two_entries_setting_the_same_floor_at_once_are_a_conflict_naming_both()
     assert '"day-shift"' in words and '"lunch-peak"' in words
     assert "pool chat's floor_gpus" in words
     assert "Wed 2026-12-02 12:00 America/New_York" in words
+    assert words.endswith(': "day-shift" sets it to 64, "lunch-peak" to 80')
 
 
 def test_entries_setting_the_same_value_are_a_conflict_even_when_they_agree():
@@ -396,6 +397,7 @@ def test_each_shared_value_is_a_conflict_of_its_own():
     ]
     words = {clash.key: clash.describe() for clash in found}
     assert "the rank order" in words[(RANK_ORDER, "")]
+    assert '"day-shift" sets it to a > b, "all-week" to b > a' in words[(RANK_ORDER, "")]
     assert "deployment llama's min_replicas" in words[(MIN_REPLICAS, "llama")]
 
 
