@@ -355,11 +355,14 @@ def boundaries(
     entries: Iterable[Entry], overrides: Iterable[Override], since: datetime, until: datetime
 ) -> list[datetime]:
     """Every instant in ``(since, until]`` at which an entry opens or closes or an override
-    starts or expires, in order, each once."""
+    starts or expires, in order, each once. An entry that closes and opens again at once (a
+    whole-day window on two days running) is open throughout: that is no boundary."""
     found: set[datetime] = set()
     for entry in entries:
-        for opens, closes in entry.window.occurrences(since, until + timedelta(microseconds=1)):
-            found.update(moment for moment in (opens, closes) if since < moment <= until)
+        occurrences = entry.window.occurrences(since, until + timedelta(microseconds=1))
+        opening = {opens for opens, _ in occurrences}
+        closing = {closes for _, closes in occurrences}
+        found.update(moment for moment in opening ^ closing if since < moment <= until)
     for override in overrides:
         for moment in (override.starts_at, override.expires_at):
             if moment is not None and since < moment <= until:
