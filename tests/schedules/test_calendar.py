@@ -506,6 +506,26 @@ def test_an_override_wins_over_an_entry_and_an_entry_over_the_sets_own():
     assert closed.sources == {}
 
 
+def test_a_night_entry_is_in_force_through_both_daylight_saving_nights():
+    nights = Entry("nights", window([SAT], "22:00", "06:00"), (floor("batch", 8),))
+
+    def batch_floor(at: datetime) -> int:
+        return effective(BASE, [nights], [], at).floors["batch"]
+
+    # Fall back: 22:00 EDT Saturday to 06:00 EST Sunday, both 01:30s inside.
+    assert batch_floor(utc(2026, 11, 1, 2) - TICK) == 0
+    assert batch_floor(utc(2026, 11, 1, 2)) == 8
+    assert batch_floor(utc(2026, 11, 1, 5, 30)) == 8  # the first 01:30
+    assert batch_floor(utc(2026, 11, 1, 6, 30)) == 8  # the second 01:30
+    assert batch_floor(utc(2026, 11, 1, 11) - TICK) == 8
+    assert batch_floor(utc(2026, 11, 1, 11)) == 0  # 06:00 EST
+    # Spring forward: 22:00 EST Saturday to 06:00 EDT Sunday, over the jump.
+    assert batch_floor(utc(2026, 3, 8, 7) - TICK) == 8  # 01:59:59 EST
+    assert batch_floor(utc(2026, 3, 8, 7)) == 8  # 03:00 EDT
+    assert batch_floor(utc(2026, 3, 8, 10) - TICK) == 8
+    assert batch_floor(utc(2026, 3, 8, 10)) == 0  # 06:00 EDT
+
+
 def test_an_override_without_an_entry_or_a_start_is_in_force_until_it_expires():
     hold = Override("hold", (floor("research", 8),), expires_at=utc(2026, 12, 2, 18))
     assert effective(BASE, [], [hold], utc(2020, 1, 1)).floors["research"] == 8
