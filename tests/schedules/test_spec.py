@@ -2,16 +2,19 @@
 page form's): every accepted way of writing it, and every mistake named by its field.
 
 The reader resolves names against the set's pools and deployments as mappings; stand-ins with a
-``name`` or a ``slug`` do here, so these tests need no database."""
+``name`` or a ``slug`` do here, so these tests need no database but the last, which saves an
+entry through the service."""
 
 from datetime import time
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from django.core.exceptions import ValidationError
 
 from gpucap.inference.models import MAX_REPLICAS
-from gpucap.schedules import calendar, spec
+from gpucap.schedules import calendar, services, spec
+from gpucap.schedules.models import ScheduleEntry
 
 POOLS = {name: SimpleNamespace(name=name) for name in ("chat", "batch", "research")}
 DEPLOYMENTS = {"llama": SimpleNamespace(slug="llama")}
@@ -287,3 +290,38 @@ def test_a_floor_at_the_sets_size_and_a_range_at_its_limits_are_accepted():
     )
     assert problems == {}
     assert len(changes) == 4
+
+
+# --- Through the service ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_saving_an_entry_names_each_bad_field_and_writes_nothing(fleet_east, operator):
+    h100 = fleet_east["sets"]["h100-east"]
+    with pytest.raises(ValidationError) as refused:
+        services.schedule_entry_save(
+            capacity_set=h100,
+            actor=operator,
+            data={
+                "name": "Day Shift",
+                "days": "monday-funday",
+                "start": "8am",
+                "end": 1200,
+                "time_zone": "America/Gotham",
+                "pools": {"h100-nowhere": {"floor_gpus": 1}, "h100-spot": {"floor_gpus": -2}},
+                "rank_order": ["h100-spot"],
+                "colour": "blue",
+            },
+        )
+    assert set(refused.value.message_dict) == {
+        "name",
+        "days",
+        "start",
+        "end",
+        "time_zone",
+        "pools.h100-nowhere",
+        "pools.h100-spot.floor_gpus",
+        "rank_order",
+        "colour",
+    }
+    assert not ScheduleEntry.objects.exists()
