@@ -243,19 +243,8 @@ def _written_problems(item: dict) -> dict[str, str]:
     spec.read_window(present, found)
     for key in present:
         if key in found:
-            problems[key] = _clock_hint(key, item[key]) or found[key]
+            problems[key] = found[key]
     return {key: problems[key] for key in sorted(problems, key=_order)}
-
-
-def _clock_hint(key: str, value: object) -> str | None:
-    """YAML reads an unquoted 20:00 as the number 1200 (minutes, base 60): say so."""
-    if key in ("start", "end") and isinstance(value, int) and not isinstance(value, bool):
-        hours, minutes = divmod(value, 60)
-        return (
-            f'must be a time of day as "HH:MM"; quote it: {key}: "{hours:02d}:{minutes:02d}" '
-            f"(unquoted, YAML reads it as the number {value})"
-        )
-    return None
 
 
 def _order(key: str) -> int:

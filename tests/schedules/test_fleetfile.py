@@ -235,7 +235,9 @@ def test_entries_setting_one_floor_at_once_are_refused_naming_both_and_nothing_a
         'capacity_sets[0].schedules[0] (day-shift): entries "day-shift" and "evening-peak" '
         "both set pool h100-inference's floor_gpus while both are open (first at "
     )
-    assert "18:00 America/New_York)" in message
+    assert message.endswith(
+        '18:00 America/New_York): "day-shift" sets it to 16, "evening-peak" to 20'
+    )
     assert CapacitySet.objects.count() == 0  # the whole file refused, the set too
     assert ScheduleEntry.objects.count() == 0
 
@@ -283,7 +285,7 @@ def test_bad_fields_are_named_with_their_place_in_the_file(fleet_file):
     assert message.splitlines() == [
         "fleet.yaml: 8 problems, nothing applied:",
         "fleet.yaml: capacity_sets[0].schedules[0] (day-shift): end: must be a time of day as "
-        '"HH:MM"; quote it: end: "20:00" (unquoted, YAML reads it as the number 1200)',
+        'HH:MM (24-hour, e.g. "08:00"), got 1200; in YAML, quote the time ("20:00")',
         "fleet.yaml: capacity_sets[0].schedules[0] (day-shift): time_zone: 'Mars/Olympus_Mons' "
         "is not an IANA time zone (e.g. America/New_York, Europe/Berlin, UTC)",
         "fleet.yaml: capacity_sets[0].schedules[1] (Night Shift): ends: unknown key; did you "
