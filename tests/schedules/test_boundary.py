@@ -20,6 +20,7 @@ from gpucap.audit.models import AuditEvent
 from gpucap.celery import app
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.inference import autoscaler
+from gpucap.inference import services as inference
 from gpucap.inference.models import InferenceDeployment
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services as plans
@@ -77,8 +78,6 @@ def sent(monkeypatch) -> list[tuple[str, list, dict]]:
 @pytest.fixture
 def chat(inference_pools, tenant, member) -> InferenceDeployment:
     """acme's chat deployment in h100-inference: 4-GPU replicas, none when idle (0..2)."""
-    from gpucap.inference import services as inference
-
     return inference.deployment_create(
         tenant=tenant,
         pool=inference_pools["set"],
@@ -288,3 +287,31 @@ def test_a_plan_made_before_the_boundary_cannot_be_approved_after_it(
     assert body["error"]["code"] == "stale_plan"
     assert body["fresh_plan"]["generation"] == generation(h100)
     assert noticed() == []
+
+
+# --- a range in force beyond the deployment's own ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_replicas_follow_a_scheduled_range_above_the_deployments_own(
+    h100, chat, operator, sent, django_capture_on_commit_callbacks
+):
+    """chat's own range is 0..2; the day shift keeps 3 (one more than its own maximum)."""
+    busy = day_shift(deployments={SLUG: {"min_replicas": 3, "max_replicas": 3}})
+    services.schedule_entry_save(capacity_set=h100, data=busy, actor=operator, now=BEFORE)
+    boundary(h100, OPENS, django_capture_on_commit_callbacks)
+
+    scaling = autoscaler.deployment_wake(slug=SLUG, now=OPENS)
+
+    assert (scaling.desired, scaling.after) == (3, 3)
+    assert len(replicas(chat)) == 3
+    # The tenant narrowing its own range while the schedule holds 3 does not take them away.
+    inference.deployment_update(deployment=chat, max_replicas=1, min_replicas=0)
+    live = VirtualMachine.objects.filter(deployment=chat, state=State.PENDING)
+    assert live.count() == 3
+
+    # When the window closes the range is its own again (0..1): above it, with no load, the
+    # replicas go at once.
+    boundary(h100, OPENS + timedelta(hours=12), django_capture_on_commit_callbacks)
+    scaling = autoscaler.deployment_wake(slug=SLUG, now=OPENS + timedelta(hours=12))
+    assert (scaling.action, scaling.before, scaling.after) == ("down", 3, 0)
