@@ -27,8 +27,11 @@ from gpucap.plans import services as plans
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules import services, tasks
+from tests.conftest import TEST_INFERENCE_REDIS_URL
 from tests.inference import conftest as inference_fixtures
 from tests.plans import conftest as plans_fixtures
+from tests.rentals import conftest as rentals_fixtures
+from tests.rentals.conftest import wait_for
 
 State = VirtualMachine.State
 Kind = PlanAction.Kind
@@ -46,6 +49,9 @@ full_set = plans_fixtures.full_set
 on_demand_request = plans_fixtures.on_demand_request
 inference_pools = inference_fixtures.inference_pools
 inference_redis = inference_fixtures.inference_redis
+celery_queue = rentals_fixtures.celery_queue
+sim = rentals_fixtures.sim
+workers = rentals_fixtures.workers
 
 
 def day_shift(**window) -> dict:
@@ -315,3 +321,65 @@ def test_replicas_follow_a_scheduled_range_above_the_deployments_own(
     boundary(h100, OPENS + timedelta(hours=12), django_capture_on_commit_callbacks)
     scaling = autoscaler.deployment_wake(slug=SLUG, now=OPENS + timedelta(hours=12))
     assert (scaling.action, scaling.before, scaling.after) == ("down", 3, 0)
+
+
+# --- with a real worker, on a short clock --------------------------------------------------------
+
+
+@pytest.fixture
+def worker(workers, h100, sim, settings):
+    """A real worker on this test database; a change waits one second for others before the
+    set is planned."""
+    settings.PLANS_DEBOUNCE_SECONDS = 1
+    return workers(PLANS_DEBOUNCE_SECONDS="1", INFERENCE_REDIS_URL=TEST_INFERENCE_REDIS_URL)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_applies_a_boundary_at_its_moment_and_spot_vms_get_notices(
+    worker, h100, full_set, chat, operator
+):
+    in_mode(h100, Mode.ENFORCE, operator)
+    # A window that opens a few seconds from now (UTC, on the weekday it opens), for an hour.
+    opens = (timezone.now() + timedelta(seconds=6)).replace(microsecond=0)
+    soon = day_shift(
+        days=[opens.weekday()],
+        start=f"{opens:%H:%M:%S}",
+        end=f"{opens + timedelta(hours=1):%H:%M:%S}",
+        time_zone="UTC",
+    )
+    services.schedule_entry_save(capacity_set=h100, data=soon, actor=operator)
+    # Saved before it opens: nothing is in force yet; the boundary is sent for its moment.
+    assert not AuditEvent.objects.filter(verb="policy.apply").exists()
+    chat.refresh_from_db()
+    assert chat.min_replicas_in_force == 0
+
+    applied = wait_for(
+        lambda: AuditEvent.objects.filter(verb="policy.apply").first(),
+        timeout=90,
+        what="the worker to apply the boundary",
+        log=worker.log,
+    )
+    assert applied.created_at >= opens
+    assert applied.message == (
+        f"pool h100-inference floor 4 → 8 GPUs; deployment {SLUG} replicas 0-2 → 2-2"
+    )
+    wait_for(
+        lambda: len(replicas(chat)) == 2,
+        timeout=60,
+        what="the autoscaler, woken by the boundary, to ask for two replicas",
+        log=worker.log,
+    )
+    wait_for(
+        lambda: noticed() == ["spot-3", "spot-4"],
+        timeout=60,
+        what="the enforced plan to notify spot-3 and spot-4",
+        log=worker.log,
+    )
+    plan = Plan.objects.get(capacity_set=h100, status=Plan.Status.APPLIED)
+    assert victims(plan) == ["spot-3", "spot-4"]
+    assert plan.created_at >= applied.created_at  # made for the replicas the boundary asked for
+    states = VirtualMachine.objects.filter(name__in=["spot-1", "spot-2"]).values_list(
+        "state", flat=True
+    )
+    assert set(states) == {State.RUNNING}
+    assert AuditEvent.objects.filter(verb="policy.apply").count() == 1
