@@ -14,6 +14,7 @@ its moment by the task `wake_at` sent for it.
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from gpucap.audit.models import AuditEvent
@@ -321,6 +322,29 @@ def test_replicas_follow_a_scheduled_range_above_the_deployments_own(
     boundary(h100, OPENS + timedelta(hours=12), django_capture_on_commit_callbacks)
     scaling = autoscaler.deployment_wake(slug=SLUG, now=OPENS + timedelta(hours=12))
     assert (scaling.action, scaling.before, scaling.after) == ("down", 3, 0)
+
+
+@pytest.mark.django_db
+def test_the_deployments_page_and_api_show_the_range_in_force_and_that_the_schedule_holds_it(
+    h100, chat, operator, member_api, member_client, sent, django_capture_on_commit_callbacks
+):
+    page_url = reverse("inference:deployment-detail", kwargs={"slug": "acme", "name": "chat"})
+    own = member_api.get(f"/api/deployments/{chat.pk}/").json()
+    assert (own["min_replicas_in_force"], own["max_replicas_in_force"]) == (0, 2)
+    assert own["range_from_schedule"] is False
+    assert "schedule now" not in member_client.get(page_url).content.decode()
+    services.schedule_entry_save(capacity_set=h100, data=day_shift(), actor=operator, now=BEFORE)
+    boundary(h100, OPENS, django_capture_on_commit_callbacks)
+
+    body = member_api.get(f"/api/deployments/{chat.pk}/").json()
+    page = member_client.get(page_url).content.decode()
+
+    assert (body["min_replicas"], body["max_replicas"]) == (0, 2)  # its own, unchanged
+    assert (body["min_replicas_in_force"], body["max_replicas_in_force"]) == (2, 2)
+    assert body["range_from_schedule"] is True
+    assert "of 2..2" in page
+    assert "from capacity set h100-east's schedule now; its own range is 0..2" in page
+    assert "preemption never takes the deployment below 2." in page
 
 
 # --- with a real worker, on a short clock --------------------------------------------------------
