@@ -347,6 +347,33 @@ def test_the_deployments_page_and_api_show_the_range_in_force_and_that_the_sched
     assert "preemption never takes the deployment below 2." in page
 
 
+@pytest.mark.django_db
+def test_the_pools_api_and_the_sets_list_show_the_rank_and_floor_in_force(
+    h100, operator, operator_api, operator_client, sent, django_capture_on_commit_callbacks
+):
+    services.schedule_entry_save(
+        capacity_set=h100,
+        data=day_shift(deployments={}, rank_order=["h100-spot", "h100-ondemand"]),
+        actor=operator,
+        now=BEFORE,
+    )
+    boundary(h100, OPENS, django_capture_on_commit_callbacks)
+
+    pools = {row["name"]: row for row in operator_api.get("/api/pools/").json()["results"]}
+    summary = operator_api.get(f"/api/capacity-sets/{h100.pk}/").json()["pools"]
+    page = operator_client.get(reverse("fleet:capacity-set-list")).content.decode()
+
+    inference, spot = pools["h100-inference"], pools["h100-spot"]
+    assert (inference["floor_gpus"], inference["floor_gpus_in_force"]) == (4, 8)
+    assert (spot["rank"], spot["rank_in_force"]) == (3, 2)
+    assert {row["name"]: row["rank_in_force"] for row in summary} == {
+        "h100-inference": 1,
+        "h100-spot": 2,
+        "h100-ondemand": 3,
+    }
+    assert "Rank 2 from the set's schedule now; its own rank is 3" in page
+
+
 # --- with a real worker, on a short clock --------------------------------------------------------
 
 
