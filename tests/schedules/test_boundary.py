@@ -30,6 +30,7 @@ from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules import services, tasks
 from tests.conftest import TEST_INFERENCE_REDIS_URL
 from tests.inference import conftest as inference_fixtures
+from tests.metrics import conftest as metrics_fixtures
 from tests.plans import conftest as plans_fixtures
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.conftest import wait_for
@@ -53,6 +54,8 @@ inference_redis = inference_fixtures.inference_redis
 celery_queue = rentals_fixtures.celery_queue
 sim = rentals_fixtures.sim
 workers = rentals_fixtures.workers
+metrics_token = metrics_fixtures.metrics_token
+scrape = metrics_fixtures.scrape
 
 
 def day_shift(**window) -> dict:
@@ -372,6 +375,24 @@ def test_the_pools_api_and_the_sets_list_show_the_rank_and_floor_in_force(
         "h100-ondemand": 3,
     }
     assert "Rank 2 from the set's schedule now; its own rank is 3" in page
+
+
+@pytest.mark.django_db
+def test_metrics_give_the_floor_and_replica_range_in_force(
+    h100, chat, operator, scrape, sent, django_capture_on_commit_callbacks
+):
+    services.schedule_entry_save(capacity_set=h100, data=day_shift(), actor=operator, now=BEFORE)
+    labels = {"pool": "h100-inference", "kind": "inference", "set": "h100-east"}
+    before = scrape()
+    assert before.value("gpucap_pool_floor_gpus", **labels) == 4
+    assert before.value("gpucap_inference_replicas_min", deployment=SLUG) == 0
+
+    boundary(h100, OPENS, django_capture_on_commit_callbacks)
+
+    seen = scrape()
+    assert seen.value("gpucap_pool_floor_gpus", **labels) == 8
+    assert seen.value("gpucap_inference_replicas_min", deployment=SLUG) == 2
+    assert seen.value("gpucap_inference_replicas_max", deployment=SLUG) == 2
 
 
 # --- with a real worker, on a short clock --------------------------------------------------------
