@@ -329,7 +329,14 @@ def test_replicas_follow_a_scheduled_range_above_the_deployments_own(
 
 @pytest.mark.django_db
 def test_the_deployments_page_and_api_show_the_range_in_force_and_that_the_schedule_holds_it(
-    h100, chat, operator, member_api, member_client, sent, django_capture_on_commit_callbacks
+    h100,
+    chat,
+    operator,
+    operator_client,
+    member_api,
+    member_client,
+    sent,
+    django_capture_on_commit_callbacks,
 ):
     page_url = reverse("inference:deployment-detail", kwargs={"slug": "acme", "name": "chat"})
     own = member_api.get(f"/api/deployments/{chat.pk}/").json()
@@ -348,6 +355,8 @@ def test_the_deployments_page_and_api_show_the_range_in_force_and_that_the_sched
     assert "of 2..2" in page
     assert "from capacity set h100-east's schedule now; its own range is 0..2" in page
     assert "preemption never takes the deployment below 2." in page
+    tenant_page = operator_client.get(reverse("tenant-detail", kwargs={"slug": "acme"}))
+    assert "(range 2..2, scheduled)" in tenant_page.content.decode()
 
 
 @pytest.mark.django_db
