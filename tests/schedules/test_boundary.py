@@ -421,7 +421,7 @@ def test_the_worker_applies_a_boundary_at_its_moment_and_spot_vms_get_notices(
 ):
     in_mode(h100, Mode.ENFORCE, operator)
     # A window that opens a few seconds from now (UTC, on the weekday it opens), for an hour.
-    opens = (timezone.now() + timedelta(seconds=6)).replace(microsecond=0)
+    opens = (timezone.now() + timedelta(seconds=10)).replace(microsecond=0)
     soon = day_shift(
         days=[opens.weekday()],
         start=f"{opens:%H:%M:%S}",
@@ -441,6 +441,7 @@ def test_the_worker_applies_a_boundary_at_its_moment_and_spot_vms_get_notices(
         log=worker.log,
     )
     assert applied.created_at >= opens
+    assert applied.actor is None  # the worker's task for the moment, not the operator's save
     assert applied.message == (
         f"pool h100-inference floor 4 → 8 GPUs; deployment {SLUG} replicas 0-2 → 2-2"
     )
