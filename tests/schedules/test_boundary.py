@@ -8,7 +8,9 @@ only named in the plan preview.
 The story runs on h100-east full of acme's four running 4-GPU spot VMs (tests/plans/conftest.py:
 spot-1 started first, spot-4 last), with an explicit clock (``now``) for the schedule, then
 with a real Celery worker on a short clock: a window opening a few seconds from now, applied at
-its moment by the task `wake_at` sent for it.
+its moment by the task `wake_at` sent for it. Also: beat's safety net applies a boundary whose
+task was lost, once; a plan made before a boundary is stale after it; replicas follow a range
+in force above the deployment's own; and the API, pages and metrics give the values in force.
 """
 
 from datetime import UTC, datetime, timedelta
