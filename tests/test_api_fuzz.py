@@ -31,6 +31,8 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services as plans
 from gpucap.plans.models import Plan
 from gpucap.rentals.models import VirtualMachine
+from gpucap.schedules import services as schedules
+from gpucap.schedules.models import PolicyOverride, ScheduleEntry
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Invitation, Membership, Tenant
 from tests.inference import conftest as inference_fixtures
@@ -55,6 +57,10 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/capacity-sets/{id}/mode/"),
     ("POST", "/api/capacity-sets/{id}/rerank/"),
     ("POST", "/api/capacity-sets/{id}/what-if/"),
+    ("POST", "/api/capacity-sets/{id}/schedule/"),
+    ("PUT", "/api/capacity-sets/{id}/schedule/{name}/"),
+    ("POST", "/api/capacity-sets/{id}/overrides/"),
+    ("GET", "/api/capacity-sets/{id}/policy/"),
     ("POST", "/api/clusters/"),
     ("PATCH", "/api/clusters/{id}/"),
     ("POST", "/api/deployments/"),
@@ -138,6 +144,21 @@ def fleet_of_two_tenants(
             tenant=owner, email=f"new@{owner.slug}.example", role="member", site_url="http://t"
         )
     plans.plan_make(capacity_set=fleet_east["sets"]["h100-east"])
+    schedules.schedule_entry_save(
+        capacity_set=fleet_east["sets"]["h100-east"],
+        data={
+            "name": "day-shift",
+            "days": "mon-fri",
+            "start": "08:00",
+            "end": "20:00",
+            "time_zone": "America/New_York",
+            "pools": {"h100-inference": {"floor_gpus": 8}},
+        },
+    )
+    schedules.policy_override_set(
+        capacity_set=fleet_east["sets"]["h100-east"],
+        data={"name": "peak", "rank_order": ["h100-spot", "h100-ondemand"], "ttl_seconds": 3600},
+    )
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -178,6 +199,8 @@ PATH_OBJECTS = {
     "invitation_id": Invitation,
     "membership_id": Membership,
 }
+# A name under a set's schedule or overrides (``/capacity-sets/{id}/schedule/{name}/``).
+NAMED_OBJECTS = {"schedule": ScheduleEntry, "overrides": PolicyOverride}
 
 # The objects a request body names, by field: an id, or the name a field takes.
 BODY_OBJECTS = {
@@ -199,6 +222,10 @@ def aimed_at_the_fleet(case) -> None:
         return
     collection = case.path.split("/")[2]
     for name, value in (case.path_parameters or {}).items():
+        if name == "name":
+            named = NAMED_OBJECTS[case.path.split("/")[4]]
+            case.path_parameters[name] = _pick(named, "name", value)
+            continue
         model = PATH_OBJECTS[name if name in PATH_OBJECTS else collection]
         case.path_parameters[name] = _pick(model, "pk", value)
     if isinstance(case.body, dict):

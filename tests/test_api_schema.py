@@ -54,6 +54,11 @@ ENDPOINTS = {
     "/api/capacity-sets/{id}/plan/": {"get"},
     "/api/capacity-sets/{id}/mode/": {"post"},
     "/api/capacity-sets/{id}/what-if/": {"post"},
+    "/api/capacity-sets/{id}/schedule/": {"get", "post"},
+    "/api/capacity-sets/{id}/schedule/{name}/": {"get", "put", "delete"},
+    "/api/capacity-sets/{id}/overrides/": {"get", "post"},
+    "/api/capacity-sets/{id}/overrides/{name}/": {"get", "delete"},
+    "/api/capacity-sets/{id}/policy/": {"get"},
     "/api/deployments/": {"get", "post"},
     "/api/deployments/{id}/": {"get", "patch"},
     "/api/api-keys/": {"get", "post"},
@@ -79,6 +84,8 @@ COMMANDS = {
     "/api/capacity-sets/{id}/mode/": ("CapacitySetModeRequest", "CapacitySetModeResult"),
     "/api/capacity-sets/{id}/what-if/": ("WhatIfRequest", "WhatIfPreview"),
     "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
+    "/api/capacity-sets/{id}/schedule/": ("ScheduleEntryCreateRequest", "ScheduleEntry"),
+    "/api/capacity-sets/{id}/overrides/": ("PolicyOverrideSetRequest", "PolicyOverride"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers

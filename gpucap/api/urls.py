@@ -29,6 +29,13 @@ from gpucap.plans.api import (
 )
 from gpucap.portal.api import TenantViewSet
 from gpucap.rentals.api import VirtualMachineViewSet
+from gpucap.schedules.api import (
+    CapacitySetOverridesView,
+    CapacitySetPolicyView,
+    CapacitySetScheduleView,
+    PolicyOverrideView,
+    ScheduleEntryView,
+)
 from gpucap.tenancy.api import ObtainTokenView
 from gpucap.usage.api import UsageView
 
@@ -74,6 +81,31 @@ urlpatterns = [
         "capacity-sets/<int:id>/what-if/",
         CapacitySetWhatIfView.as_view(),
         name="api-capacity-set-what-if",
+    ),
+    path(
+        "capacity-sets/<int:id>/schedule/",
+        CapacitySetScheduleView.as_view(),
+        name="api-capacity-set-schedule",
+    ),
+    path(
+        "capacity-sets/<int:id>/schedule/<slug:name>/",
+        ScheduleEntryView.as_view(),
+        name="api-schedule-entry",
+    ),
+    path(
+        "capacity-sets/<int:id>/overrides/",
+        CapacitySetOverridesView.as_view(),
+        name="api-capacity-set-overrides",
+    ),
+    path(
+        "capacity-sets/<int:id>/overrides/<slug:name>/",
+        PolicyOverrideView.as_view(),
+        name="api-policy-override",
+    ),
+    path(
+        "capacity-sets/<int:id>/policy/",
+        CapacitySetPolicyView.as_view(),
+        name="api-capacity-set-policy",
     ),
     path("usage/", UsageView.as_view(), name="api-usage"),
     *router.urls,

@@ -17,7 +17,7 @@ the safety net. It is idempotent: run twice at one moment, the second changes no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -35,6 +35,8 @@ from gpucap.tasks import enqueue_on_commit, wake_at
 
 # The longest an override may last: a client that forgets one must not change policy for good.
 MAX_OVERRIDE_SECONDS = 31 * 24 * 3600
+_CALENDAR_MARGIN = timedelta(days=366)
+_CALENDAR_END = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 @transaction.atomic
@@ -354,7 +356,11 @@ def _moment(value: object, field: str, problems: dict[str, str]) -> datetime | N
         except ValueError:
             moment = None
         if moment is not None and moment.tzinfo is not None:
-            return moment
+            # The calendar reads on from a moment (a TTL, the days after): year 9999 has no after.
+            if datetime.min.replace(tzinfo=UTC) + _CALENDAR_MARGIN < moment < _CALENDAR_END:
+                return moment
+            problems[field] = "must be a time between the years 0002 and 9998"
+            return None
     problems[field] = 'must be an ISO 8601 time with a time zone (e.g. "2026-12-01T20:00:00Z")'
     return None
 

@@ -24,6 +24,7 @@ from gpucap.notices import services as notices
 from gpucap.plans import services as plans
 from gpucap.rentals.models import GuestAddress
 from gpucap.roles import OPERATORS_GROUP
+from gpucap.schedules import services as schedules
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.usage import services as usage
@@ -101,6 +102,22 @@ def world_build() -> World:
     notice = notices.notice_issue(vm=vm, reason="reclaim", message="acme-secret-reclaim")
     h100 = east["sets"]["h100-east"]
     plan = plans.plan_make(capacity_set=h100)
+    # The set's schedule and an override: the operators' own, named in their API's paths.
+    entry = schedules.schedule_entry_save(
+        capacity_set=h100,
+        data={
+            "name": "day-shift",
+            "days": "mon-fri",
+            "start": "08:00",
+            "end": "20:00",
+            "time_zone": "America/New_York",
+            "pools": {"h100-inference": {"floor_gpus": 8}},
+        },
+    )
+    override = schedules.policy_override_set(
+        capacity_set=h100,
+        data={"name": "peak", "rank_order": ["h100-spot", "h100-ondemand"], "ttl_seconds": 86400},
+    )
     deployment = inference.deployment_create(
         tenant=acme,
         pool=inference_pools["standalone"],
@@ -154,6 +171,8 @@ def world_build() -> World:
         ("pools", "pk"): pools["h100-spot"].pk,  # acme's alone
         ("images", "pk"): image.pk,  # in acme's catalogue alone
         ("plans", "pk"): plan.pk,
+        ("schedule", "name"): entry.name,
+        ("overrides", "name"): override.name,
     }
     # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.
     markers = [SECRET, vm.ip_address, api_key.prefix, invitation.email]

@@ -150,6 +150,8 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/vms/<pk>/terminate-job/",
         "/api/notices/<pk>/",
         "/api/tenants/<pk>/members/<membership_id>/",
+        "/api/capacity-sets/<id>/schedule/<name>/",
+        "/api/capacity-sets/<id>/overrides/<name>/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)
