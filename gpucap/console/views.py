@@ -14,9 +14,11 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.audit.selectors import events_for
+from gpucap.console.schedule import schedule_context
 from gpucap.errors import Conflict
 from gpucap.fleet import selectors, services
 from gpucap.fleet.models import CapacitySet, Node
@@ -154,6 +156,7 @@ def _set_page(
     context = {
         **regions.context,
         **what_if_context(capacity_set, pools=pools),
+        **schedule_context(capacity_set, now=timezone.now()),
         "regions": regions.html,
         "live_key": regions.key,
         "alert": alert,
