@@ -97,6 +97,7 @@ def test_the_set_page_shows_the_schedule_what_is_in_force_and_where_it_comes_fro
     pools = page.split("Pools and who may use them")[1].split("</table>")[0]
     assert "scheduled · own 4" in pools  # h100-inference's floor
     assert "scheduled · own 3" in pools  # h100-spot's rank
+    assert 'title="Floor: 8 GPUs"' in page  # the arbiter's bars draw the floor in force
 
 
 def test_the_timeline_shows_each_boundary_what_changes_and_who_would_be_notified(
