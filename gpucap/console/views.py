@@ -101,8 +101,9 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
 @operator_required
 def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
     """The set: its header, its arbiter (mode, pool bars, the plan in flight, the latest plan,
-    history; gpucap.plans.views), its pools and nodes and its allocation chart, all live, and
-    the what-if form. A fixed number of queries whatever the set's size."""
+    history; gpucap.plans.views), its pools and nodes and its allocation chart, all live, the
+    what-if form, and its schedule (gpucap.console.schedule; the 24-hour timeline loads on its
+    own). A fixed number of queries whatever the set's size."""
     return _set_page(request, name)
 
 

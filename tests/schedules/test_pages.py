@@ -325,3 +325,16 @@ def test_the_what_if_api_takes_an_instant_and_names_a_bad_one(
     assert later["at"].startswith(f"{at:%Y-%m-%dT%H:%M}")
     assert bad.status_code == 400 and set(bad.json()["error"]["fields"]) == {"at"}
     assert world() == before
+
+
+def test_without_javascript_a_refused_entry_comes_back_on_a_page_with_its_errors(
+    operator_client, h100
+):
+    response = operator_client.post(SAVE, form_data(start="noon", **{"floor__h100-spot": "2"}))
+
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "<html" in page and "Schedule of h100-east" in page
+    assert "From: must be a time of day as HH:MM" in page
+    assert 'value="night"' in page  # as typed
+    assert not ScheduleEntry.objects.exists()
