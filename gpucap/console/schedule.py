@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -78,8 +78,8 @@ class ScheduleEntryForm(ServiceErrorsMixin, forms.Form):
         "their own ranks while the window is open.",
     )
 
-    def __init__(self, data=None, *, schedule: SetSchedule) -> None:
-        super().__init__(data)
+    def __init__(self, data=None, *, schedule: SetSchedule, initial: dict | None = None) -> None:
+        super().__init__(data, initial=initial)
         self.pools = list(schedule.base.pools)
         self.deployments = list(schedule.base.deployments)
         self.error_fields = {}
@@ -95,6 +95,27 @@ class ScheduleEntryForm(ServiceErrorsMixin, forms.Form):
                 )
                 self.error_fields[f"deployments.{slug}.{bound}_replicas"] = field
             self.error_fields[f"deployments.{slug}"] = f"min__{slug}"
+
+    @staticmethod
+    def initial_for(entry: calendar.Entry) -> dict:
+        """The form's fields for an existing entry (to edit and save it again)."""
+        window = entry.window
+        initial = {
+            "name": entry.name,
+            "days": sorted(window.days),
+            "start": window.start.strftime("%H:%M"),
+            "end": window.end.strftime("%H:%M"),
+            "time_zone": window.zone,
+        }
+        for change in entry.changes:
+            if change.setting == calendar.FLOOR_GPUS:
+                initial[f"floor__{change.target}"] = change.value
+            elif change.setting == calendar.RANK_ORDER:
+                initial["rank_order"] = ", ".join(change.value)
+            else:
+                bound = change.setting.removesuffix("_replicas")
+                initial[f"{bound}__{change.target}"] = change.value
+        return initial
 
     def floor_fields(self) -> list[forms.BoundField]:
         return [self[f"floor__{pool}"] for pool in self.pools]
@@ -207,17 +228,18 @@ def _answer(
     capacity_set: CapacitySet,
     *,
     form: ScheduleEntryForm | None = None,
-    alert: str = "",
     status: int = 200,
+    editing: str = "",
 ) -> HttpResponse:
-    """The refreshed section under HTMX (with the page's event); without JavaScript, the set
-    page after success, or the section on a page of its own with the reason."""
-    if status == 200 and not wants_fragment(request):
+    """The refreshed section under HTMX (with the page's event after a write); without
+    JavaScript, the set page after a write, or the section on a page of its own (a refused
+    write with its errors, an entry to edit)."""
+    if status == 200 and not editing and not wants_fragment(request):
         return redirect("fleet:capacity-set-detail", name=capacity_set.name)
     context = {
         "nav": "capacity_sets",
         **schedule_context(capacity_set, now=timezone.now(), form=form),
-        "schedule_alert": alert,
+        "editing": editing,
     }
     template = (
         "console/set_schedule.html#set-schedule"
@@ -225,7 +247,7 @@ def _answer(
         else "console/set_schedule_page.html"
     )
     response = render(request, template, context, status=status)
-    if status == 200:
+    if status == 200 and not editing:
         response["HX-Trigger"] = SET_CHANGED
     return response
 
@@ -246,6 +268,20 @@ def schedule_entry_save(request: HttpRequest, name: str) -> HttpResponse:
         form.add_service_errors(exc)
         return _answer(request, capacity_set, form=form, status=400)
     return _answer(request, capacity_set)
+
+
+@require_GET
+@operator_required
+def schedule_entry_edit(request: HttpRequest, name: str, entry: str) -> HttpResponse:
+    """The section with the form filled in with the entry, to change and save it again."""
+    capacity_set = _capacity_set(name)
+    schedule = set_schedule(capacity_set)
+    found = next((e for e in schedule.entries if e.name == entry), None)
+    if found is None:
+        raise Http404(f"capacity set {capacity_set.name} has no schedule entry {entry!r}")
+    initial = ScheduleEntryForm.initial_for(found)
+    form = ScheduleEntryForm(schedule=schedule, initial=initial)
+    return _answer(request, capacity_set, form=form, editing=entry)
 
 
 @require_POST

@@ -17,6 +17,11 @@ urlpatterns = [
         name="schedule-entry-save",
     ),
     path(
+        "sets/<slug:name>/schedule/entries/<slug:entry>/",
+        schedule.schedule_entry_edit,
+        name="schedule-entry-edit",
+    ),
+    path(
         "sets/<slug:name>/schedule/entries/<slug:entry>/delete/",
         schedule.schedule_entry_delete,
         name="schedule-entry-delete",

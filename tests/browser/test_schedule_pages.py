@@ -1,7 +1,7 @@
 """A capacity set's schedule in a real browser (#18): the Schedule section says what a rank is,
 the 24-hour timeline shows each boundary with what changes and the spot VMs the arbiter would
-notify then (a dry run), an entry is added through the form (a mistake shown in place first)
-and deleted through its confirmation; read at desktop and at phone width."""
+notify then (a dry run), an entry is added through the form (a mistake shown in place first),
+edited, and deleted through its confirmation; read at desktop and at phone width."""
 
 from datetime import timedelta
 
@@ -115,6 +115,15 @@ def test_an_entry_is_added_through_the_form_and_deleted_through_its_confirmation
     expect(row).to_contain_text("Sat, Sun 22:00-06:00 Europe/Berlin")
     expect(row).to_contain_text("pool h100-spot floor_gpus 4")
     assert ScheduleEntry.objects.filter(name="night").exists()
+
+    row.get_by_role("link", name="Edit entry night").click()
+    expect(page.locator("#entry-form summary")).to_have_text("Edit entry night")
+    expect(page.get_by_label("h100-spot floor GPUs")).to_have_value("4")
+    expect(page.get_by_label("Sat", exact=True)).to_be_checked()
+    page.get_by_label("h100-spot floor GPUs").fill("8")
+    page.get_by_role("button", name="Save entry").click()
+    expect(row).to_contain_text("pool h100-spot floor_gpus 8")
+    assert ScheduleEntry.objects.count() == 1
 
     questions = []
     page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.accept()))

@@ -145,6 +145,7 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/tenants/<slug>/inference/<name>/keys/<pk>/revoke/",
         "/fleet/sets/<name>/live/",
         "/fleet/sets/<name>/plans/<plan_id>/",
+        "/fleet/sets/<name>/schedule/entries/<entry>/",
         "/fleet/sets/<name>/schedule/entries/<entry>/delete/",
         "/fleet/sets/<name>/schedule/overrides/<override>/clear/",
         "/fleet/sets/<name>/schedule/timeline/",

@@ -198,7 +198,7 @@ def test_bad_input_re_renders_the_form_in_place_naming_the_field(
     assert body.lstrip().startswith('<section class="panel set-schedule"')
     error = body.split(f'id="id_{field}-error"')[1].split("</p>")[0]
     assert words in error
-    assert '<details class="entry-form-box" open>' in body  # the form stays open, as typed
+    assert '<details class="entry-form-box" id="entry-form" open>' in body  # open, as typed
     assert not ScheduleEntry.objects.exists()
     assert "HX-Trigger" not in response
 
@@ -338,3 +338,37 @@ def test_without_javascript_a_refused_entry_comes_back_on_a_page_with_its_errors
     assert "From: must be a time of day as HH:MM" in page
     assert 'value="night"' in page  # as typed
     assert not ScheduleEntry.objects.exists()
+
+
+def test_edit_fills_the_form_with_the_entry_and_saving_replaces_it(
+    operator_client, h100, chat, operator
+):
+    schedules.schedule_entry_save(
+        capacity_set=h100,
+        data=day_shift(
+            pools={"h100-inference": {"floor_gpus": 8}},
+            rank_order=["h100-spot", "h100-ondemand"],
+            deployments={"acme-chat": {"min_replicas": 2}},
+        ),
+        actor=operator,
+    )
+    edit = reverse("fleet:schedule-entry-edit", kwargs={"name": SET, "entry": "day-shift"})
+
+    body = operator_client.get(edit, headers=HTMX).content.decode()
+
+    assert "<html" not in body and "Edit entry day-shift" in body
+    form = body.split('class="stacked-form entry-form"')[1].split("</form>")[0]
+    for shown in (
+        'name="name" value="day-shift"',
+        'name="start" value="08:00"',
+        'name="end" value="20:00"',
+        'value="America/New_York"',
+        'name="floor__h100-inference" value="8"',
+        'name="min__acme-chat" value="2"',
+        'value="h100-spot, h100-ondemand"',
+    ):
+        assert shown in form, shown
+    assert form.count("checked") == 5  # Mon-Fri
+    assert operator_client.get(edit).status_code == 200  # without JavaScript: a page
+    missing = reverse("fleet:schedule-entry-edit", kwargs={"name": SET, "entry": "nope"})
+    assert operator_client.get(missing, headers=HTMX).status_code == 404
