@@ -33,7 +33,7 @@ from django.db.models import (
     Subquery,
     Sum,
 )
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Greatest
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -213,7 +213,8 @@ class FleetCollector:
         )
         floor = GaugeMetricFamily(
             "gpucap_pool_floor_gpus",
-            "GPUs the arbiter never reclaims the pool below.",
+            "GPUs the arbiter never reclaims the pool below: its floor in force (the capacity "
+            "set's schedule's, else its own).",
             labels=labels,
         )
         reserved = GaugeMetricFamily(
@@ -230,7 +231,7 @@ class FleetCollector:
             values = [pool["name"], pool["kind"], pool["capacity_set__name"] or ""]
             held.add_metric(values, held_by_pool[pool["pk"]])
             reserved.add_metric(values, reserved_for_pool[pool["pk"]])
-            floor.add_metric(values, pool["floor_gpus"])
+            floor.add_metric(values, pool["floor_in_force"])
             pending.add_metric(values, pool["pending_gpus"])
         yield from (held, reserved, floor, pending)
 
@@ -277,8 +278,11 @@ class FleetCollector:
                     & ~Q(replicas__endpoint_url=""),
                 ),
                 target=Count("replicas", filter=Q(replicas__state__in=LIVE)),
+                # The range in force (InferenceDeployment.min/max_replicas_in_force, in SQL).
+                low=Coalesce("scheduled_min_replicas", "min_replicas"),
             )
-            .values_list("slug", "ready", "target", "min_replicas", "max_replicas")
+            .annotate(high=Greatest(Coalesce("scheduled_max_replicas", "max_replicas"), "low"))
+            .values_list("slug", "ready", "target", "low", "high")
             .order_by("slug")
         )
         families = {
@@ -294,10 +298,14 @@ class FleetCollector:
                 labels=("deployment",),
             ),
             "min": GaugeMetricFamily(
-                "gpucap_inference_replicas_min", "min_replicas.", labels=("deployment",)
+                "gpucap_inference_replicas_min",
+                "min_replicas in force (the capacity set's schedule's, else the deployment's).",
+                labels=("deployment",),
             ),
             "max": GaugeMetricFamily(
-                "gpucap_inference_replicas_max", "max_replicas.", labels=("deployment",)
+                "gpucap_inference_replicas_max",
+                "max_replicas in force (the capacity set's schedule's, else the deployment's).",
+                labels=("deployment",),
             ),
         }
         for slug, ready, target, low, high in deployments:
@@ -387,8 +395,9 @@ def _pools() -> list[dict]:
     )
     return list(
         Pool.objects.annotate(
-            pending_gpus=Coalesce(Subquery(pending, output_field=IntegerField()), 0)
+            pending_gpus=Coalesce(Subquery(pending, output_field=IntegerField()), 0),
+            floor_in_force=Coalesce("scheduled_floor_gpus", "floor_gpus"),
         )
-        .values("pk", "name", "kind", "capacity_set__name", "floor_gpus", "pending_gpus")
+        .values("pk", "name", "kind", "capacity_set__name", "floor_in_force", "pending_gpus")
         .order_by("name")
     )

@@ -143,10 +143,36 @@ class ClusterSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolSummarySerializer(serializers.ModelSerializer):
+class PolicyInForce(serializers.Serializer):
+    """A pool's rank and floor as the arbiter uses them now: its own, unless its capacity set's
+    schedule or an override holds others (gpucap/schedules)."""
+
+    rank_in_force = serializers.IntegerField(
+        read_only=True,
+        help_text="The rank the arbiter uses now: rank, unless the capacity set's schedule or "
+        "an override holds another.",
+    )
+    floor_gpus_in_force = serializers.IntegerField(
+        source="floor_in_force",
+        read_only=True,
+        help_text="The floor the arbiter keeps now: floor_gpus, unless the capacity set's "
+        "schedule or an override holds another.",
+    )
+
+
+class PoolSummarySerializer(PolicyInForce, serializers.ModelSerializer):
     class Meta:
         model = Pool
-        fields = ["id", "name", "kind", "rank", "floor_gpus", "protect_seconds"]
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "rank",
+            "floor_gpus",
+            "rank_in_force",
+            "floor_gpus_in_force",
+            "protect_seconds",
+        ]
         read_only_fields = fields
 
 
@@ -179,7 +205,7 @@ class CapacitySetSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(PolicyInForce, serializers.ModelSerializer):
     """A pool as operators see it."""
 
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
@@ -214,6 +240,8 @@ class PoolSerializer(serializers.ModelSerializer):
             "fabric",
             "rank",
             "floor_gpus",
+            "rank_in_force",
+            "floor_gpus_in_force",
             "protect_seconds",
             "tenants",
             "created_at",

@@ -128,6 +128,21 @@ class DeploymentSerializer(serializers.ModelSerializer):
     replicas = serializers.SerializerMethodField(
         help_text="Replica VMs that are not terminated, oldest first."
     )
+    min_replicas_in_force = serializers.IntegerField(
+        read_only=True,
+        help_text="The range's lower bound now: min_replicas, unless the capacity set's schedule "
+        "or an override holds another (range_from_schedule).",
+    )
+    max_replicas_in_force = serializers.IntegerField(
+        read_only=True,
+        help_text="The range's upper bound now: max_replicas, unless the capacity set's schedule "
+        "or an override holds another (range_from_schedule).",
+    )
+    range_from_schedule = serializers.BooleanField(
+        read_only=True,
+        help_text="True while the capacity set's schedule or an override holds the range in "
+        "force instead of the deployment's own min_replicas..max_replicas.",
+    )
     ready_replicas = serializers.SerializerMethodField(
         help_text="Replicas the router sends requests to: running, and their readiness probe "
         "answered."
@@ -156,6 +171,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "gpus_per_replica",
             "min_replicas",
             "max_replicas",
+            "min_replicas_in_force",
+            "max_replicas_in_force",
+            "range_from_schedule",
             "target_in_flight",
             "replica_concurrency",
             "queue_limit",

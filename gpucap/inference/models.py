@@ -108,6 +108,12 @@ class InferenceDeployment(models.Model):
         return max(high, self.min_replicas_in_force)
 
     @property
+    def range_from_schedule(self) -> bool:
+        """Whether the capacity set's schedule (or an override) holds the range in force now
+        instead of the deployment's own min_replicas..max_replicas."""
+        return self.scheduled_min_replicas is not None or self.scheduled_max_replicas is not None
+
+    @property
     def cold_start_words(self) -> str:
         """The cold-start timeout as pages say it: "45 s", "5 min", "1 h 30 min"."""
         return duration_words(self.cold_start_timeout_seconds)

@@ -148,12 +148,14 @@ def deployment_update(
         setattr(locked, field, values[field])
     locked.save(update_fields=[*changes, "updated_at"])
     audit_record(actor=actor, verb="deployment.update", target=locked, before=before, after=changes)
-    # The range bounds the replicas at once: below min or above max needs no queue signal.
+    # The range bounds the replicas at once: below min or above max needs no queue signal. The
+    # range in force, which a capacity set's schedule may hold instead of this one meanwhile.
     live = replicas_live(locked).count()
-    if live < locked.min_replicas:
-        replicas_scale(deployment=locked, to=locked.min_replicas, reason="range changed")
-    elif live > locked.max_replicas:
-        replicas_scale(deployment=locked, to=locked.max_replicas, reason="range changed")
+    low, high = locked.min_replicas_in_force, locked.max_replicas_in_force
+    if live < low:
+        replicas_scale(deployment=locked, to=low, reason="range changed")
+    elif live > high:
+        replicas_scale(deployment=locked, to=high, reason="range changed")
     cache.route_publish_on_commit(locked.pk)
     deployment.__dict__.update(locked.__dict__)
     return locked
@@ -219,9 +221,10 @@ def replicas_scale(
     """Bring the deployment to ``to`` live replicas, clamped to its range. Up: new replica VMs,
     asked for together as one demand group (the arbiter places them all or none). Down: pending
     replicas are withdrawn first, then the most recently started go. Returns the VMs asked for
-    or stopped. Serialised per deployment (row lock), so two autoscaler runs cannot both add."""
+    or stopped. Serialised per deployment (row lock), so two autoscaler runs cannot both add.
+    The range is the one in force: a capacity set's schedule or override may hold another."""
     locked = InferenceDeployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
-    to = max(locked.min_replicas, min(to, locked.max_replicas))
+    to = max(locked.min_replicas_in_force, min(to, locked.max_replicas_in_force))
     live = list(replicas_live(locked).order_by("pk"))
     now = timezone.now()
     changed: list[VirtualMachine] = []

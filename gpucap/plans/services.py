@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Min, Q
 from django.utils import timezone
 
 from gpucap import arbiter, locks, metrics
@@ -193,9 +193,9 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
 
 
 def _protection_ended(plan: Plan) -> bool:
-    """Whether a demand of ``plan`` waited for protection that has ended since: time, not the
-    generation, changed what the set's plan would be."""
-    return plan.actions.filter(kind=Kind.UNSATISFIED, waits_until__lte=timezone.now()).exists()
+    """Whether a demand of ``plan`` (from `latest_plan`) waited for protection that has ended
+    since: time, not the generation, changed what the set's plan would be."""
+    return plan.first_wait_end is not None and plan.first_wait_end <= timezone.now()
 
 
 def _wake_when_protection_ends(capacity_set: CapacitySet, result: am.Plan) -> None:
@@ -261,7 +261,16 @@ _SNAPSHOT_ATTEMPTS = 5
 
 
 def latest_plan(*, capacity_set: CapacitySet) -> Plan | None:
-    return Plan.objects.filter(capacity_set=capacity_set).order_by("-created_at", "-pk").first()
+    """The set's latest plan, with ``first_wait_end``: the earliest moment a demand it left
+    waiting for protection may go ahead (see `_protection_ended`), in the same query."""
+    return (
+        Plan.objects.filter(capacity_set=capacity_set)
+        .annotate(
+            first_wait_end=Min("actions__waits_until", filter=Q(actions__kind=Kind.UNSATISFIED))
+        )
+        .order_by("-created_at", "-pk")
+        .first()
+    )
 
 
 def pool_balances(snap: SetSnapshot, result: am.Plan) -> list[dict]:

@@ -10,8 +10,6 @@ its own. A job name is free again once none of the tenant's VMs that carry it is
 stopped, failed or terminated).
 """
 
-import re
-
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q, QuerySet
@@ -29,7 +27,7 @@ State = VirtualMachine.State
 MAX_JOB_VMS = 64
 # A VM name is at most 63 characters: a job name leaves room for "-63".
 MAX_JOB_NAME = 60
-_JOB = re.compile(r"^[a-z0-9]([a-z0-9-]{0,58}[a-z0-9])?$")
+_JOB = services.name_pattern(MAX_JOB_NAME)
 # A job's VMs in these states no longer hold its name.
 ENDED = frozenset({State.STOPPED, State.FAILED, State.TERMINATED})
 # Members a standalone preemption stops with the one the plan chose.
@@ -66,8 +64,7 @@ def job_request(
     errors: dict[str, str] = {}
     if not isinstance(job, str) or not _JOB.match(job):
         errors["job"] = (
-            f"must be 1-{MAX_JOB_NAME} lowercase letters, digits or hyphens, starting and ending "
-            "with a letter or digit (its VMs are named <job>-0, <job>-1, ...)"
+            f"{services.name_rule(MAX_JOB_NAME)} (its VMs are named <job>-0, <job>-1, ...)"
         )
     elif job_is_live(tenant=tenant, job=job):
         errors["job"] = (

@@ -42,7 +42,23 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # States in which a VM holds GPUs (has live allocations and an open usage interval).
 HOLDING = frozenset({State.PROVISIONING, State.RUNNING, State.NOTIFIED, State.STOPPING})
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+def name_pattern(longest: int) -> re.Pattern[str]:
+    """A name as VMs and jobs take one (a DNS label): 1 to ``longest`` lowercase letters,
+    digits or hyphens, starting and ending with a letter or digit."""
+    return re.compile(rf"^[a-z0-9]([a-z0-9-]{{0,{longest - 2}}}[a-z0-9])?$")
+
+
+def name_rule(longest: int) -> str:
+    """What `name_pattern` asks for, in words."""
+    return (
+        f"must be 1-{longest} lowercase letters, digits or hyphens, starting and ending with a "
+        "letter or digit"
+    )
+
+
+MAX_VM_NAME = 63
+_NAME = name_pattern(MAX_VM_NAME)
 _SSH_KEY = re.compile(
     r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com"
     r"|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( \S.*)?$"
@@ -159,10 +175,7 @@ def vm_request(
         if problem:
             errors["gpu_count"] = f"pool {pool.name}: {problem}"
     if not isinstance(name, str) or not _NAME.match(name):
-        errors["name"] = (
-            "must be 1-63 lowercase letters, digits or hyphens, starting and ending with a "
-            "letter or digit"
-        )
+        errors["name"] = name_rule(MAX_VM_NAME)
     elif (
         VirtualMachine.objects.filter(tenant=tenant, name=name)
         .exclude(state=State.TERMINATED)

@@ -119,7 +119,9 @@ def _wall(instant: datetime, zone: ZoneInfo) -> datetime:
 
 
 def describe_days(days: Iterable[int]) -> str:
-    """``Mon-Fri``, ``Sat, Sun``, ``every day``: runs of three or more days as a range."""
+    """``Mon-Fri``, ``Sat, Sun``, ``Fri-Mon``, ``every day``: runs of three or more days as a
+    range. The week wraps, as the written form's ``fri-mon`` does: a run ending on Sunday goes
+    on into Monday."""
     ordered = sorted(set(days))
     if len(ordered) == 7:
         return "every day"
@@ -129,6 +131,8 @@ def describe_days(days: Iterable[int]) -> str:
             runs[-1].append(day)
         else:
             runs.append([day])
+    if len(runs) > 1 and runs[0][0] == 0 and runs[-1][-1] == 6:
+        runs.insert(0, runs.pop() + runs.pop(0))
     parts = []
     for run in runs:
         names = [DAY_NAMES[day].title() for day in run]
@@ -187,12 +191,14 @@ class Override:
 
 @dataclass(frozen=True)
 class Conflict:
-    """Two entries that set the same value while both are open, first at ``at``."""
+    """Two entries that set the same value while both are open, first at ``at``; ``values``:
+    what each sets it to."""
 
     first: str
     second: str
     key: tuple[str, str]
     at: datetime
+    values: tuple[int | tuple[str, ...], int | tuple[str, ...]] | None = None
 
     def describe(self, zone: str = "UTC") -> str:
         setting, target = self.key
@@ -202,10 +208,18 @@ class Conflict:
             else f"{'pool' if setting == FLOOR_GPUS else 'deployment'} {target}'s {setting}"
         )
         when = self.at.astimezone(ZoneInfo(zone)).strftime("%a %Y-%m-%d %H:%M")
-        return (
+        words = (
             f'entries "{self.first}" and "{self.second}" both set {what} while both are open '
             f"(first at {when} {zone})"
         )
+        if self.values is not None:
+            first, second = (_value_words(value) for value in self.values)
+            words += f': "{self.first}" sets it to {first}, "{self.second}" to {second}'
+        return words
+
+
+def _value_words(value: int | tuple[str, ...]) -> str:
+    return " > ".join(value) if isinstance(value, tuple) else str(value)
 
 
 def conflicts(entries: Sequence[Entry], since: datetime) -> list[Conflict]:
@@ -226,8 +240,10 @@ def conflicts(entries: Sequence[Entry], since: datetime) -> list[Conflict]:
                     intervals[entry.name] = entry.window.occurrences(since, until)
             overlap = _first_overlap(intervals[first.name], intervals[second.name])
             if overlap is not None:
+                sets = [{change.key: change.value for change in e.changes} for e in (first, second)]
                 for key in sorted(shared):
-                    found.append(Conflict(first.name, second.name, key, overlap))
+                    values = (sets[0][key], sets[1][key])
+                    found.append(Conflict(first.name, second.name, key, overlap, values))
     return found
 
 
@@ -292,7 +308,8 @@ def effective(
     should two meet anyway, the first by name wins), else the set's own. A rank order ranks
     the pools it names, in its order, on the ranks those pools hold themselves: the other pools
     keep theirs, and ranks stay unique. A change naming a pool or deployment the set no
-    longer has is ignored."""
+    longer has is ignored (a rank order left with fewer than two of its pools, whole). A
+    deployment's maximum is never below its minimum in force."""
     chosen: dict[tuple[str, str], tuple[Change, str]] = {}
     for entry in sorted(entries, key=lambda entry: entry.name):
         if entry.window.active_at(at):
@@ -317,25 +334,35 @@ def effective(
             low, high = replicas[target]
             value = int(change.value)  # type: ignore[arg-type]
             replicas[target] = (value, high) if setting == MIN_REPLICAS else (low, value)
-        elif setting == RANK_ORDER:
-            named = [pool for pool in change.value if pool in ranks]  # type: ignore[union-attr]
+        elif setting == RANK_ORDER and len(named := _known(change.value, ranks)) >= 2:
             slots = sorted(base.pools[pool][0] for pool in named)
             ranks.update(zip(named, slots, strict=True))
         else:
             continue
         sources[key] = source
+    # A raised minimum lifts a maximum below it, as a deployment's range in force does
+    # (`InferenceDeployment.max_replicas_in_force`): an entry may set only the minimum.
+    replicas = {name: (low, max(low, high)) for name, (low, high) in replicas.items()}
     return Policy(at=at, ranks=ranks, floors=floors, replicas=replicas, sources=sources)
+
+
+def _known(order: object, ranks: Mapping[str, int]) -> list[str]:
+    """The pools of a rank order the set still has (fewer than two: nothing to reorder)."""
+    return [pool for pool in order if pool in ranks]  # type: ignore[union-attr]
 
 
 def boundaries(
     entries: Iterable[Entry], overrides: Iterable[Override], since: datetime, until: datetime
 ) -> list[datetime]:
     """Every instant in ``(since, until]`` at which an entry opens or closes or an override
-    starts or expires, in order, each once."""
+    starts or expires, in order, each once. An entry that closes and opens again at once (a
+    whole-day window on two days running) is open throughout: that is no boundary."""
     found: set[datetime] = set()
     for entry in entries:
-        for opens, closes in entry.window.occurrences(since, until + timedelta(microseconds=1)):
-            found.update(moment for moment in (opens, closes) if since < moment <= until)
+        occurrences = entry.window.occurrences(since, until + timedelta(microseconds=1))
+        opening = {opens for opens, _ in occurrences}
+        closing = {closes for _, closes in occurrences}
+        found.update(moment for moment in opening ^ closing if since < moment <= until)
     for override in overrides:
         for moment in (override.starts_at, override.expires_at):
             if moment is not None and since < moment <= until:

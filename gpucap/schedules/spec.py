@@ -68,7 +68,8 @@ def read_window(data: Mapping, problems: dict[str, str]) -> calendar.Window | No
 
 
 def read_days(value: object, problems: dict[str, str]) -> list[int] | None:
-    """``[mon, tue]``, ``"mon-fri"``, ``"sat, sun"``, ``"every day"`` or ``[0, 1]``."""
+    """``[mon, tue]``, ``"mon-fri"``, ``"sat, sun"``, ``"every day"`` or ``[0, 1]``; a day by
+    its three letters or its whole name (``monday-friday``); a range may wrap (``fri-mon``)."""
     rule = (
         "must name the days the window starts on: a list such as [mon, tue] or [0, 1] "
         '(0 is Monday), or text such as "mon-fri" or "every day"'
@@ -79,14 +80,12 @@ def read_days(value: object, problems: dict[str, str]) -> list[int] | None:
             return list(range(7))
         items: list = []
         for part in (part.strip() for part in words.split(",")):
-            if "-" in part:
-                first, _, last = part.partition("-")
-                if first.strip() in calendar.DAY_NAMES and last.strip() in calendar.DAY_NAMES:
-                    low = calendar.DAY_NAMES.index(first.strip())
-                    high = calendar.DAY_NAMES.index(last.strip())
-                    items.extend((low + step) % 7 for step in range((high - low) % 7 + 1))
-                    continue
-            items.append(part)
+            first, dash, last = part.partition("-")
+            low, high = _day(first), _day(last)
+            if dash and low is not None and high is not None:
+                items.extend((low + step) % 7 for step in range((high - low) % 7 + 1))
+            else:
+                items.append(part)
         value = items
     if not isinstance(value, list) or not value:
         problems["days"] = rule
@@ -97,15 +96,26 @@ def read_days(value: object, problems: dict[str, str]) -> list[int] | None:
             day = None
         elif isinstance(item, int):
             day = item if 0 <= item <= 6 else None
-        elif isinstance(item, str) and item.strip().lower()[:3] in calendar.DAY_NAMES:
-            day = calendar.DAY_NAMES.index(item.strip().lower()[:3])
         else:
-            day = None
+            day = _day(item) if isinstance(item, str) else None
         if day is None:
             problems["days"] = f"{item!r} is not a day: {rule}"
             return None
         days.append(day)
     return sorted(set(days))
+
+
+def _day(word: str) -> int | None:
+    """0 (Monday) .. 6 for ``mon`` or ``monday`` in any case, else None."""
+    return _DAYS.get(word.strip().lower())
+
+
+_DAYS = {name: day for day, name in enumerate(calendar.DAY_NAMES)} | {
+    name: day
+    for day, name in enumerate(
+        ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+    )
+}
 
 
 def read_clock(value: object, field: str, problems: dict[str, str]) -> time | None:
@@ -114,6 +124,9 @@ def read_clock(value: object, field: str, problems: dict[str, str]) -> time | No
     match = _CLOCK.match(value) if isinstance(value, str) else None
     if match is None:
         problems[field] = f'must be a time of day as HH:MM (24-hour, e.g. "08:00"), got {value!r}'
+        if isinstance(value, int) and not isinstance(value, bool):
+            # YAML 1.1 reads an unquoted 20:00 as the number 1200 (base 60).
+            problems[field] += '; in YAML, quote the time ("20:00")'
         return None
     hours, minutes, seconds = match.groups()
     return time(int(hours), int(minutes), int(seconds or 0))

@@ -142,7 +142,7 @@ def test_running_the_demo_twice_changes_nothing(loaded):
 
     again = demo()
 
-    assert "nothing to change, unchanged 64" in again  # 59 rows and 5 catalogue images
+    assert "nothing to change, unchanged 66" in again  # 59 rows, 5 images, 2 schedule entries
     assert AuditEvent.objects.count() == events
     assert (
         list(CapacitySet.objects.order_by("name").values_list("generation", flat=True))

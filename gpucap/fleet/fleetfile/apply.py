@@ -11,6 +11,7 @@ from gpucap.audit.services import Actor
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
 from gpucap.fleet.fleetfile.diff import PHASES, FleetDiff, Step
+from gpucap.fleet.fleetfile.sections import set_section_action
 from gpucap.fleet.fleetfile.spec import (
     ApplyResult,
     CapacitySetSpec,
@@ -29,8 +30,9 @@ def fleet_file_apply(
     fleet_file: FleetFile, *, dry_run: bool = False, actor: Actor = None
 ) -> ApplyResult:
     """Make the database hold what the file declares, through the fleet services, in one
-    transaction. Nothing is deleted. Checks against the database come first and report every
-    problem; a service that still refuses a step rolls the whole apply back. With ``dry_run``
+    transaction. Nothing is deleted but the rows of a set's section (its schedule) that the
+    set's entry declares whole (`sections`). Checks against the database come first and report
+    every problem; a service that still refuses a step rolls the whole apply back. With ``dry_run``
     only the checks run and the result lists what would change."""
     with transaction.atomic():
         diff = FleetDiff(fleet_file, actor=actor)
@@ -62,7 +64,8 @@ def _run(diff: FleetDiff) -> None:
 
 
 def _call(step: Step, *, actor: Actor) -> None:
-    _ACTIONS[step.action](**step.kwargs, actor=actor)
+    action = _ACTIONS.get(step.action) or set_section_action(step.action)
+    action(**step.kwargs, actor=actor)
 
 
 # Service fields whose fleet-file key has another name.
@@ -73,7 +76,9 @@ def _validation_messages(exc: ValidationError) -> list[str]:
     if not hasattr(exc, "error_dict"):
         return list(exc.messages)
     return [
-        f"{_FILE_KEYS.get(field, field)}: {message}" if field != "__all__" else message
+        f"{_FILE_KEYS.get(field, field)}: {message}"
+        if field not in ("__all__", "non_field_errors")
+        else message
         for field, messages in exc.message_dict.items()
         for message in messages
     ]

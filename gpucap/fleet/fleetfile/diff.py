@@ -9,6 +9,7 @@ from django.contrib.auth.hashers import check_password
 from gpucap.audit.services import Actor
 from gpucap.fleet.fleetfile.diff_nodes import NodesDiff
 from gpucap.fleet.fleetfile.diff_pools import PoolsDiff
+from gpucap.fleet.fleetfile.diff_sections import SectionsDiff
 from gpucap.fleet.fleetfile.spec import (
     ApplyResult,
     Change,
@@ -47,6 +48,7 @@ PHASES = (
     "floors_up",
     "pool_tenants",
     "images",  # after the nodes: an image's per-node paths name them
+    "sections",  # the sets' sections (`sections`): after the sets, their nodes and pools
 )
 
 
@@ -60,10 +62,10 @@ class Step:
     kwargs: dict
 
 
-class FleetDiff(NodesDiff, PoolsDiff):
+class FleetDiff(NodesDiff, PoolsDiff, SectionsDiff):
     """Compares the file with the database: finds the problems, the changes and the service
     calls that make them, in a safe order. Nodes and pools are compared in `diff_nodes` and
-    `diff_pools`."""
+    `diff_pools`, the sets' sections (their schedules) in `diff_sections`."""
 
     def __init__(self, fleet_file: FleetFile, *, actor: Actor) -> None:
         self.file = fleet_file
@@ -72,6 +74,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self.changes: list[Change] = []
         self.unchanged = 0
         self.steps: dict[str, list[Step]] = {p: [] for p in PHASES}
+        self.sections_left_as_is: list[tuple[str, list[str]]] = []
         self._load()
 
     def _load(self) -> None:
@@ -124,6 +127,7 @@ class FleetDiff(NodesDiff, PoolsDiff):
         self._plan_pools()
         self._check_floors()
         self._plan_images()
+        self._plan_sections()
 
     def result(self, *, dry_run: bool) -> ApplyResult:
         return ApplyResult(
@@ -367,4 +371,5 @@ class FleetDiff(NodesDiff, PoolsDiff):
                     for c, n in set(self.images) - {(i.cluster, i.name) for i in f.images}
                 ),
             ),
+            *self.sections_left_as_is,
         ]

@@ -191,25 +191,38 @@ class PoolsDiff:
         else:
             self.unchanged += 1
 
-    def _check_floors(self) -> None:
-        """A set's floors must fit its GPUs once the file is applied; say so before applying."""
-        set_now = {
-            key: node.capacity_set.name if node.capacity_set else None
+    def set_gpus_after(self) -> dict[str, int]:
+        """Each set's GPUs once the file is applied."""
+        node_sets = {
+            key: (node.capacity_set.name if node.capacity_set else None, node.gpu_count)
             for key, node in self.nodes.items()
         }
-        node_sets = {key: (set_now[key], node.gpu_count) for key, node in self.nodes.items()}
         for spec in self.file.nodes:
             node_sets[(spec.cluster, spec.hostname)] = (spec.capacity_set, spec.gpu_count)
         totals: dict[str, int] = defaultdict(int)
         for set_name, gpu_count in node_sets.values():
             if set_name is not None:
                 totals[set_name] += gpu_count
+        return totals
+
+    def pool_floors_after(self) -> dict[str, tuple[str | None, int]]:
+        """Each pool's set and floor once the file is applied."""
         floors = {
             p.name: (p.capacity_set.name if p.capacity_set else None, p.floor_gpus)
             for p in self.pools.values()
         }
         for spec in self.file.pools:
             floors[spec.name] = (spec.capacity_set, spec.floor_gpus)
+        return floors
+
+    def _check_floors(self) -> None:
+        """A set's floors must fit its GPUs once the file is applied; say so before applying."""
+        set_now = {
+            key: node.capacity_set.name if node.capacity_set else None
+            for key, node in self.nodes.items()
+        }
+        totals = self.set_gpus_after()
+        floors = self.pool_floors_after()
         for set_name in sorted({s for s, _ in floors.values() if s is not None}):
             held = {name: floor for name, (s, floor) in floors.items() if s == set_name and floor}
             total = totals.get(set_name, 0)

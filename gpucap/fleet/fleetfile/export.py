@@ -1,10 +1,13 @@
 """Writing the fleet back as a fleet file (``manage.py fleet_export``)."""
 
+import re
+
 import yaml
 from django.contrib.auth import get_user_model
 from django.db.models import Prefetch
 
 from gpucap.fleet import services as fleet
+from gpucap.fleet.fleetfile.sections import set_sections
 from gpucap.fleet.fleetfile.spec import FORMAT_VERSION
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.roles import OPERATORS_GROUP
@@ -136,16 +139,22 @@ def _export_node(cluster: Cluster, node: Node) -> dict:
 
 
 def _export_capacity_sets() -> list:
-    return [
-        {
+    capacity_sets = list(CapacitySet.objects.select_related("cluster").order_by("name"))
+    exported = {
+        s.name: {
             "name": s.name,
             "cluster": s.cluster.name,
             "gpu_model": s.gpu_model,
             "fabric": s.fabric,
             "notice_seconds": s.notice_seconds,
         }
-        for s in CapacitySet.objects.select_related("cluster").order_by("name")
-    ]
+        for s in capacity_sets
+    }
+    # The sections apps above the fleet add to a set (its schedule), after the set's own keys.
+    for section in set_sections():
+        for name, value in section.export(capacity_sets).items():
+            exported[name][section.key] = _flow_leaves(value)
+    return list(exported.values())
 
 
 def _export_pools() -> list:
@@ -209,6 +218,18 @@ def _sorted_json(value: object) -> object:
     return value
 
 
+def _flow_leaves(value: object) -> object:
+    """``value`` with each list or mapping of plain values marked to be written on one line."""
+    if isinstance(value, dict | list):
+        items = value.values() if isinstance(value, dict) else value
+        if items and not any(isinstance(item, dict | list) for item in items):
+            return _flow(value)
+        if isinstance(value, dict):
+            return {key: _flow_leaves(item) for key, item in value.items()}
+        return [_flow_leaves(item) for item in value]
+    return value
+
+
 def _flow(value: dict | list) -> dict | list:
     """Mark a list or mapping to be written on one line: ``[0, 2]``, ``{rack: r12}``."""
     return _FlowDict(value) if isinstance(value, dict) else _FlowList(value)
@@ -231,6 +252,15 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+def _text(dumper: _Dumper, value: str) -> yaml.Node:
+    # A time of day is always quoted ("08:00"): unquoted, YAML 1.1 reads 20:00 as the number
+    # 1200 (base 60).
+    style = '"' if _CLOCK.match(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_CLOCK = re.compile(r"^\d{1,2}:\d{2}(:\d{2})?$")
+_Dumper.add_representer(str, _text)
 _Dumper.add_representer(
     _FlowList,
     lambda dumper, value: dumper.represent_sequence(

@@ -14,10 +14,13 @@ from gpucap.fleet.fleetfile.words import Place, key_text, line, locate, shown, u
 _KEPT = ("string_too_long", "string_pattern_mismatch")
 
 
-def fleet_file_problems(raw: object, errors: list[dict], *, document: type) -> list[str]:
+def fleet_file_problems(
+    raw: object, errors: list[dict], *, document: type, extra: list[tuple[list, str]] = ()
+) -> list[str]:
     """Every problem of a parsed file, one line each, in the order of the file; empty when it
-    may be applied. ``errors`` are pydantic's for ``raw`` against the ``document`` model."""
-    found: list[tuple[list, str]] = []
+    may be applied. ``errors`` are pydantic's for ``raw`` against the ``document`` model;
+    ``extra`` are (sort key, line) found elsewhere (the sets' sections, `sections`)."""
+    found: list[tuple[list, str]] = list(extra)
     dropped: set[tuple] = set()
     for error in errors:
         place = locate(raw, tuple(error["loc"]), document)

@@ -19,7 +19,8 @@ from pydantic import (
 )
 
 from gpucap.fleet import rules
-from gpucap.fleet.fleetfile import checks, problems
+from gpucap.fleet.fleetfile import checks, problems, sections
+from gpucap.fleet.fleetfile.sections import SectionSpec
 from gpucap.fleet.fleetfile.spec import (
     FORMAT_VERSION,
     CapacitySetSpec,
@@ -62,15 +63,21 @@ def fleet_file_parse(text: str, *, source: str) -> FleetFile:
     except yaml.YAMLError as exc:
         raise FleetFileError([f"{source}: not valid YAML: {exc}"]) from None
     raw = {} if raw is None else raw
+    raw, set_sections = sections.sections_apart(raw)
     try:
         document = Document.model_validate(raw)
         errors = []
     except ValidationError as exc:
         document, errors = None, exc.errors(include_url=False)
-    found = problems.fleet_file_problems(raw, errors, document=Document)
+    found = problems.fleet_file_problems(
+        raw,
+        errors,
+        document=Document,
+        extra=sections.section_problems(raw, set_sections, document=Document),
+    )
     if found:
         raise FleetFileError([f"{source}: {problem}" for problem in found])
-    return _fleet_file(document, raw, source=source)
+    return _fleet_file(document, raw, source=source, set_sections=set_sections)
 
 
 # --- YAML ---------------------------------------------------------------------------------------
@@ -273,7 +280,9 @@ class Document(Entry):
 # --- specs --------------------------------------------------------------------------------------
 
 
-def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
+def _fleet_file(
+    document: Document, raw: dict, *, source: str, set_sections: dict[int, list[SectionSpec]]
+) -> FleetFile:
     def where(*loc: str | int) -> str:
         return where_of(raw, loc, document=Document)
 
@@ -324,6 +333,7 @@ def _fleet_file(document: Document, raw: dict, *, source: str) -> FleetFile:
             gpu_model=s.gpu_model,
             fabric=s.fabric,
             notice_seconds=s.notice_seconds,
+            sections=tuple(set_sections.get(i, ())),
         )
         for i, s in enumerate(document.capacity_sets)
     )

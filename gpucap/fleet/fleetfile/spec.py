@@ -4,6 +4,8 @@
 
 from dataclasses import dataclass
 
+from gpucap.fleet.fleetfile.sections import SectionSpec, plural_of
+
 FORMAT_VERSION = 1
 
 
@@ -84,6 +86,8 @@ class CapacitySetSpec:
     gpu_model: str
     fabric: str
     notice_seconds: int
+    # The sections apps above the fleet add to a set (its schedule: `sections`), as given.
+    sections: tuple[SectionSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ class FleetFile:
 
 @dataclass(frozen=True)
 class Change:
-    verb: str  # "create" or "update"
+    verb: str  # "create", "update" or "delete" (a row of a set's section, `sections`)
     noun: str
     label: str
     detail: str
@@ -186,11 +190,11 @@ class ApplyResult:
     def summary(self) -> str:
         """E.g. "created 3 nodes, updated 1 pool, unchanged 140"."""
         parts = []
-        for verb in ("create", "update"):
+        for verb in ("create", "update", "delete"):
             counts = dict.fromkeys(_NOUNS, 0)
             for change in self.changes:
                 if change.verb == verb:
-                    counts[change.noun] += 1
+                    counts[change.noun] = counts.get(change.noun, 0) + 1
             counted = [_plural(n, noun) for noun, n in counts.items() if n]
             if counted:
                 done = f"would {verb}" if self.dry_run else f"{verb}d"
@@ -203,7 +207,7 @@ class ApplyResult:
 
 
 def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n} {noun}" if n == 1 else f"{n} {plural_of(noun)}"
 
 
 def _and_list(items: list[str]) -> str:

@@ -8,8 +8,9 @@ from gpucap.fleet.fleetfile import FleetFileError, fleet_file_apply, fleet_file_
 class Command(BaseCommand):
     help = (
         "Create or update the tenants, operators, clusters, nodes, capacity sets and pools a "
-        "fleet file declares (docs/fleet-file.md). All or nothing; never deletes; running the "
-        "same file twice changes nothing."
+        "fleet file declares, and the schedules of its capacity sets (docs/fleet-file.md). All or "
+        "nothing; never deletes, except schedule entries missing from a set's listed schedules; "
+        "running the same file twice changes nothing."
     )
 
     def add_arguments(self, parser) -> None:

@@ -1,0 +1,162 @@
+"""Sections that apps above the fleet add to a capacity set's entry in a fleet file.
+
+The fleet file lives in gpucap.fleet, below the apps that hang policy on a capacity set (a set's
+schedule is gpucap.schedules'). Such an app hands in a `SetSection` from its
+``AppConfig.ready()`` (`set_section_add`), and the fleet file reads, checks, compares, applies
+and exports that key of each set through it, without importing the app: the same way plans
+hands rentals its reader of why a VM waits.
+
+A section's key is optional in a set's entry. Left out (or given no value), what the set holds
+of that section is left as it is and listed as ``not in file (left as is)``; given, even as
+``[]``, it declares the set's rows of that section whole, and rows the file does not list are
+removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from gpucap.fleet.fleetfile.words import locate
+
+if TYPE_CHECKING:
+    from gpucap.fleet.models import CapacitySet
+
+
+@dataclass(frozen=True, eq=False)
+class SectionSpec:
+    """What a fleet file says in one section (``key``) of one capacity set, as written."""
+
+    key: str
+    capacity_set: str  # the set's name
+    path: str  # the set's place in the file: "capacity_sets[0]"
+    value: object = field(repr=False)
+
+    @property
+    def set_where(self) -> str:
+        """The set's place: "capacity_sets[0] (h100-east)"."""
+        return f"{self.path} ({self.capacity_set})" if self.capacity_set else self.path
+
+    def where(self, index: int, label: object = None) -> str:
+        """The place of the section's item ``index``: "capacity_sets[0].schedules[1] (night)"."""
+        place = f"{self.path}.{self.key}[{index}]"
+        return f"{place} ({label})" if isinstance(label, str) and label.strip() else place
+
+
+class SectionPlan(Protocol):
+    """What a section's `SetSection.plan` sees of a fleet file's comparison with the database,
+    and how it reports problems, changes and the service calls that make them."""
+
+    specs: tuple[SectionSpec, ...]  # the sets of the file that give this section
+    set_names: frozenset[str]  # every set the file declares
+
+    def capacity_set(self, name: str) -> CapacitySet | None:
+        """The set's row, None when the file creates it."""
+
+    def pool_floors(self, name: str) -> dict[str, int]:
+        """The set's pools once the file is applied: name -> floor_gpus."""
+
+    def set_gpus(self, name: str) -> int:
+        """The set's GPUs once the file is applied."""
+
+    def problem(self, where: str, text: str) -> None: ...
+
+    def change(self, verb: str, label: str, details: list[str] | str) -> None:
+        """A line of the result: ``verb`` is create, update or delete."""
+
+    def step(self, where: str, action: str, **kwargs: object) -> None:
+        """Call the section's ``actions[action](**kwargs, actor=...)`` when the file applies,
+        after everything else in the file (the set, its nodes and pools exist then)."""
+
+    def unchanged(self, count: int = 1) -> None: ...
+
+    def left_as_is(self, labels: list[str]) -> None: ...
+
+
+class SetSection(Protocol):
+    key: str  # the key in a capacity set's entry: "schedules"
+    noun: str  # an item of the section, in changes and the summary: "schedule entry"
+    plural: str  # "schedule entries"
+    # The service calls a section's steps name; each takes ``actor=`` besides its own keywords.
+    actions: Mapping[str, Callable[..., object]]
+
+    def check(self, spec: SectionSpec) -> list[str]:
+        """The problems of the section as written, without the database, one line each
+        ("capacity_sets[0].schedules[1] (night): end: ..."), in the order of the file."""
+
+    def plan(self, plan: SectionPlan) -> None:
+        """Compare the file's sections (``plan.specs``) with the database."""
+
+    def export(self, capacity_sets: list[CapacitySet]) -> dict[str, object]:
+        """Each set's section in the file's form, by set name; a set with nothing is left out."""
+
+
+_sections: dict[str, SetSection] = {}
+
+
+def set_section_add(section: SetSection) -> None:
+    """Register ``section`` (again: replace the one of its key)."""
+    _sections[section.key] = section
+
+
+def set_sections() -> tuple[SetSection, ...]:
+    return tuple(_sections.values())
+
+
+def set_section_action(action: str) -> Callable[..., object] | None:
+    for section in _sections.values():
+        if action in section.actions:
+            return section.actions[action]
+    return None
+
+
+# --- reading a file (gpucap/fleet/fleetfile/schema.py) ------------------------------------------
+
+
+def sections_apart(raw: object) -> tuple[object, dict[int, list[SectionSpec]]]:
+    """``raw`` without the sets' sections, and the sections by the set's index. A section given
+    no value is left out, as any key is."""
+    keys = [section.key for section in set_sections()]
+    items = raw.get("capacity_sets") if isinstance(raw, dict) else None
+    if not keys or not isinstance(items, list):
+        return raw, {}
+    found: dict[int, list[SectionSpec]] = {}
+    kept = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            name = item.get("name")
+            for key in keys:
+                if key in item and item[key] is not None:
+                    found.setdefault(i, []).append(
+                        SectionSpec(
+                            key=key,
+                            capacity_set=name if isinstance(name, str) else "",
+                            path=f"capacity_sets[{i}]",
+                            value=item[key],
+                        )
+                    )
+            item = {k: v for k, v in item.items() if k not in keys}
+        kept.append(item)
+    return {**raw, "capacity_sets": kept}, found
+
+
+def section_problems(raw: object, given: dict[int, list[SectionSpec]], *, document: type) -> list:
+    """(sort key, line) of the problems of each section ``given``, as its `SetSection.check`
+    words them: after the set's own problems (``document`` is the file's model)."""
+    keys = [section.key for section in set_sections()]
+    found = []
+    for i, specs in given.items():
+        position = locate(raw, ("capacity_sets", i), document).position
+        for spec in specs:
+            section = next(s for s in set_sections() if s.key == spec.key)
+            for k, text in enumerate(section.check(spec)):
+                found.append(([*position, 1000 + keys.index(spec.key), k], text))
+    return found
+
+
+def plural_of(noun: str) -> str:
+    for section in _sections.values():
+        if noun == section.noun:
+            return section.plural
+    return f"{noun}s"
