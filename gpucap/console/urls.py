@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import views
+from gpucap.console import schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -11,6 +11,29 @@ urlpatterns = [
     path("sets/<slug:name>/", views.capacity_set_detail, name="capacity-set-detail"),
     path("sets/<slug:name>/live/", views.capacity_set_live, name="capacity-set-live"),
     path("sets/<slug:name>/drain/", views.capacity_set_drain, name="capacity-set-drain"),
+    path(
+        "sets/<slug:name>/schedule/entries/",
+        schedule.schedule_entry_save,
+        name="schedule-entry-save",
+    ),
+    path(
+        "sets/<slug:name>/schedule/entries/<slug:entry>/",
+        schedule.schedule_entry_edit,
+        name="schedule-entry-edit",
+    ),
+    path(
+        "sets/<slug:name>/schedule/entries/<slug:entry>/delete/",
+        schedule.schedule_entry_delete,
+        name="schedule-entry-delete",
+    ),
+    path(
+        "sets/<slug:name>/schedule/overrides/<slug:override>/clear/",
+        schedule.policy_override_clear,
+        name="policy-override-clear",
+    ),
+    path(
+        "sets/<slug:name>/schedule/timeline/", schedule.schedule_timeline, name="schedule-timeline"
+    ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),

@@ -14,9 +14,11 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.audit.selectors import events_for
+from gpucap.console.schedule import schedule_context
 from gpucap.errors import Conflict
 from gpucap.fleet import selectors, services
 from gpucap.fleet.models import CapacitySet, Node
@@ -99,8 +101,9 @@ def capacity_set_list(request: HttpRequest) -> HttpResponse:
 @operator_required
 def capacity_set_detail(request: HttpRequest, name: str) -> HttpResponse:
     """The set: its header, its arbiter (mode, pool bars, the plan in flight, the latest plan,
-    history; gpucap.plans.views), its pools and nodes and its allocation chart, all live, and
-    the what-if form. A fixed number of queries whatever the set's size."""
+    history; gpucap.plans.views), its pools and nodes and its allocation chart, all live, the
+    what-if form, and its schedule (gpucap.console.schedule; the 24-hour timeline loads on its
+    own). A fixed number of queries whatever the set's size."""
     return _set_page(request, name)
 
 
@@ -154,6 +157,7 @@ def _set_page(
     context = {
         **regions.context,
         **what_if_context(capacity_set, pools=pools),
+        **schedule_context(capacity_set, now=timezone.now()),
         "regions": regions.html,
         "live_key": regions.key,
         "alert": alert,

@@ -267,6 +267,9 @@ class WhatIfPreviewSerializer(serializers.Serializer):
     pool_name = serializers.CharField(source="pool.name", read_only=True)
     gpus = serializers.IntegerField(read_only=True)
     block_gpus = serializers.IntegerField(read_only=True)
+    at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="The instant asked about; null: now."
+    )
     served = serializers.BooleanField(
         read_only=True, help_text="Whether every asked-for block would be placed (all or none)."
     )
@@ -300,6 +303,13 @@ class WhatIfSerializer(InputSerializer):
     )
     block_gpus = serializers.IntegerField(
         help_text="In blocks of: 1 on PCIe; 1, 2, 4 or 8 on NVSwitch (one partition each)."
+    )
+    at = serializers.DateTimeField(
+        required=False,
+        help_text=(
+            "Ask about this instant (ISO 8601; without a zone, UTC): today's fleet with the "
+            "policy the set's schedule and overrides put in force then. Default: now."
+        ),
     )
 
 
@@ -442,5 +452,6 @@ class CapacitySetWhatIfView(OperatorCommand):
             pool=Pool.objects.filter(pk=data["pool"]).first(),  # the service names a bad one
             gpus=data["gpus"],
             block_gpus=data["block_gpus"],
+            at=data.get("at"),
         )
         return Response(WhatIfPreviewSerializer(what_if).data)

@@ -78,7 +78,7 @@ class PoolBar:
 
     @property
     def floor_percent(self) -> float:
-        return self.percent(self.pool.floor_gpus)
+        return self.percent(self.pool.floor_in_force)
 
     @property
     def change(self) -> int:

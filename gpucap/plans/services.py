@@ -32,7 +32,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -53,10 +53,11 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import snapshot_cache
 from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
-from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot
+from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot, with_policy
 from gpucap.plans.triggers import replan_soon
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import Allocation, VirtualMachine
+from gpucap.schedules.selectors import set_schedule
 from gpucap.tasks import wake_at
 
 logger = logging.getLogger(__name__)
@@ -653,6 +654,7 @@ class WhatIf:
     served: bool
     actions: list[PlanAction]
     pools: list[dict]
+    at: datetime | None = None  # asked about a later instant (its policy), or now
 
     @property
     def reclaimed(self) -> list[PlanAction]:
@@ -672,10 +674,17 @@ WHAT_IF_PREFIX = "what-if-"
 
 
 def plan_what_if(
-    *, capacity_set: CapacitySet, pool: Pool | None, gpus: object, block_gpus: object
+    *,
+    capacity_set: CapacitySet,
+    pool: Pool | None,
+    gpus: object,
+    block_gpus: object,
+    at: datetime | None = None,
 ) -> WhatIf:
     """Preview the plan with one more demand group: ``gpus`` GPUs for ``pool`` in blocks of
-    ``block_gpus``, all or nothing, queued after the pool's pending VMs."""
+    ``block_gpus``, all or nothing, queued after the pool's pending VMs. With ``at``: on
+    today's fleet with the policy in force at that instant (the set's schedule and overrides,
+    and the replicas a raised minimum asks for then: `snapshot.with_policy`)."""
     errors: dict[str, str] = {}
     if pool is None or pool.capacity_set_id != capacity_set.pk:
         errors["pool"] = f"choose a pool of capacity set {capacity_set.name}"
@@ -692,9 +701,11 @@ def plan_what_if(
         errors["gpus"] = f"the set has {total} GPUs in all; {gpus} can never fit"
     elif "block_gpus" not in errors and gpus % block_gpus:
         errors["gpus"] = f"{gpus} GPUs are not a whole number of {block_gpus}-GPU blocks"
+    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+        errors["at"] = f"must be a time with a time zone, got {at!r}"
     if errors:
         raise ValidationError(errors)
-    now = timezone.now()
+    now = at or timezone.now()
     extra = [
         am.Demand(
             id=f"{WHAT_IF_PREFIX}{n}",
@@ -709,6 +720,8 @@ def plan_what_if(
     # blocks queued last, exactly where consistent_snapshot's extra_demands would put them.
     with collector_paused():  # see gpucap/gcpause.py
         kept = snapshot_cache.set_snapshot(capacity_set, load=consistent_snapshot)
+        if at is not None:
+            kept = with_policy(kept, set_schedule(capacity_set).policy_at(at), at)
         snap = replace(
             kept, snapshot=replace(kept.snapshot, demands=(*kept.snapshot.demands, *extra), now=now)
         )
@@ -722,6 +735,7 @@ def plan_what_if(
         served=served,
         actions=actions,
         pools=pool_balances(snap, result),
+        at=at,
     )
 
 

@@ -43,8 +43,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Exists, JSONField, OuterRef, QuerySet, Subquery
@@ -56,6 +56,7 @@ from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.inference.models import InferenceDeployment
 from gpucap.plans.models import PlanAction
 from gpucap.rentals.models import VirtualMachine
+from gpucap.schedules.calendar import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -507,4 +508,69 @@ def capacity_set_snapshot(
     )
     return SetSnapshot(
         capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live
+    )
+
+
+# The demands `with_policy` adds for the replicas a raised minimum would ask for are named
+# ``scheduled-<deployment>-<n>``, one group per deployment (as the replicas of one scale-up step).
+SCHEDULED_PREFIX = "scheduled-"
+# A replica that counts toward a deployment's range (gpucap.inference.services.LIVE).
+_COUNTED = (State.PENDING, State.PROVISIONING, State.RUNNING)
+
+
+def with_policy(snap: SetSnapshot, policy: Policy, at: datetime) -> SetSnapshot:
+    """The set as the arbiter would see it at ``at`` with ``policy`` in force, on today's
+    fleet: the pools' ranks and floors and the deployments' minimums are the policy's, each
+    deployment whose replicas (pending, provisioning, running) fall short of its minimum asks
+    for the rest (one demand per replica, ``gpus_per_replica`` each, one group per deployment,
+    queued after the pending VMs, as the autoscaler would), and ``now`` is ``at``. Nothing is
+    read from the database: the snapshot is built from ``snap`` alone."""
+    live, snapshot = snap.live, snap.snapshot
+    pools = tuple(
+        sorted(
+            (
+                replace(
+                    pool,
+                    rank=policy.ranks.get(pool.name, pool.rank),
+                    floor_gpus=policy.floors.get(pool.name, pool.floor_gpus),
+                )
+                for pool in snapshot.pools
+            ),
+            key=lambda pool: pool.rank,
+        )
+    )
+    deployments = tuple(
+        replace(d, min_replicas=policy.replicas.get(d.name, (d.min_replicas, 0))[0])
+        for d in snapshot.deployments
+    )
+    counted: dict[int, int] = defaultdict(int)
+    for vm in (*live.holders.values(), *live.pending):
+        if vm.deployment_id is not None and vm.state in _COUNTED:
+            counted[vm.deployment_id] += 1
+    in_snapshot = {d.name for d in snapshot.deployments}
+    extra = []
+    for deployment in sorted(live.deployments.values(), key=lambda d: d.slug):
+        if deployment.slug not in in_snapshot:
+            continue  # not an inference pool of this snapshot
+        wanted = policy.replicas.get(deployment.slug, (deployment.min_replicas_in_force, 0))[0]
+        group = f"{SCHEDULED_PREFIX}{deployment.slug}"
+        for n in range(1, wanted - counted[deployment.pk] + 1):
+            extra.append(
+                am.Demand(
+                    id=f"{group}-{n}",
+                    group=group,
+                    pool=live.pools[deployment.pool_id].name,
+                    gpus=deployment.gpus_per_replica,
+                    requested_at=at + timedelta(microseconds=n),
+                )
+            )
+    return replace(
+        snap,
+        snapshot=replace(
+            snapshot,
+            pools=pools,
+            deployments=deployments,
+            demands=(*snapshot.demands, *extra),
+            now=at,
+        ),
     )

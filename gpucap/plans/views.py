@@ -253,6 +253,13 @@ class WhatIfForm(ServiceErrorsMixin, forms.Form):
         widget=forms.NumberInput(attrs={"min": 1}),
     )
     block_gpus = forms.IntegerField(label="In blocks of", error_messages={"invalid": "pick a size"})
+    at = forms.DateTimeField(
+        label="At (UTC)",
+        required=False,
+        help_text="Empty: now. A later time: with the policy the schedule puts in force then.",
+        error_messages={"invalid": "must be a date and time, e.g. 2026-12-02 13:00"},
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
 
     def __init__(self, data=None, *, capacity_set: CapacitySet, pools: list[Pool]) -> None:
         super().__init__(data)

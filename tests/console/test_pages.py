@@ -289,8 +289,9 @@ def test_capacity_set_page_query_count_does_not_grow(
 ):
     url = reverse("fleet:capacity-set-detail", kwargs={"name": "h100-east"})
     # session, user, operator group; set; pools; pool tenants; nodes; GPUs; the arbiter's part:
-    # plan history, held GPUs, pending GPUs (no plan yet).
-    with django_assert_num_queries(11):
+    # plan history, held GPUs, pending GPUs (no plan yet); the schedule's pools, deployments,
+    # entries and overrides.
+    with django_assert_num_queries(15):
         operator_client.get(url)
     add_nodes(fleet_east["cluster"], fleet_east["sets"]["h100-east"], 10)
     fleet.pool_create(
@@ -300,7 +301,7 @@ def test_capacity_set_page_query_count_does_not_grow(
         capacity_set=fleet_east["sets"]["h100-east"],
         rank=4,
     )
-    with django_assert_num_queries(11):
+    with django_assert_num_queries(15):
         response = operator_client.get(url)
     assert len(response.context["overview"].tiles) == 12
 

@@ -136,6 +136,22 @@ def world_build() -> World:
     Token.objects.create(user=users["a_admin"])
     _billing_delivery()
     gpu = node.gpus.get(index=0)
+    # The set's schedule: an entry and an outside scheduler's override (the set page's routes).
+    entry = schedules.schedule_entry_save(
+        capacity_set=h100,
+        data={
+            "name": "day-shift",
+            "days": "mon-fri",
+            "start": "08:00",
+            "end": "20:00",
+            "time_zone": "America/New_York",
+            "pools": {"h100-spot": {"floor_gpus": 4}},
+        },
+    )
+    override = schedules.policy_override_set(
+        capacity_set=h100,
+        data={"name": "peak", "pools": {"h100-ondemand": {"floor_gpus": 4}}, "ttl_seconds": 3600},
+    )
     ids = {
         # pages
         "slug": acme.slug,
@@ -149,6 +165,8 @@ def world_build() -> World:
         ("vms", "pk"): vm.pk,
         ("inference", "name"): deployment.name,
         ("keys", "pk"): api_key.pk,
+        ("entries", "entry"): entry.name,
+        ("overrides", "override"): override.name,
         "fmt": "csv",
         # links that carry their own secret, forged
         ("invitations", "token"): "forged-invitation-link",

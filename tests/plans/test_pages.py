@@ -560,8 +560,9 @@ def add_nodes(fleet_east, count: int) -> list:
 
 # session, user, operator group; set; pools; pool tenants; nodes; GPUs (rows, or counts for a
 # large set); draining nodes' VMs and their open notices; plan history; the latest plan's first
-# lines and its progress; held GPUs; pending GPUs (the chart loads on its own).
-SET_PAGE_QUERIES = 15
+# lines and its progress; held GPUs; pending GPUs (the chart loads on its own); the schedule's
+# pools, deployments, entries and overrides (the timeline loads on its own).
+SET_PAGE_QUERIES = 19
 
 
 def test_set_page_query_count_does_not_grow_with_nodes_vms_and_plans(
