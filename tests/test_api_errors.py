@@ -200,6 +200,26 @@ def test_a_yes_no_filter_takes_true_or_false_and_nothing_else(operator_api, flee
     assert "is not true or false" in error["fields"][name][0]
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["/api/nodes/?state=", "/api/vms/?state=", "/api/pools/?kind=", "/api/notices/?reason="],
+)
+def test_a_choice_filter_given_empty_is_refused_not_dropped(operator_api, fleet_east, query):
+    """``?state=`` was read as no filter: every row came back, as if filtered."""
+    name = query.split("?")[1].split("=")[0]
+    error = assert_error(operator_api.get(query), 400, "invalid")
+    assert set(error["fields"]) == {name}
+    assert "leave the parameter out not to filter" in error["fields"][name][0]
+
+
+def test_a_choice_filter_still_filters(operator_api, fleet_east):
+    response = operator_api.get("/api/nodes/?state=ready&fabric=pcie")
+    assert sorted(node["hostname"] for node in response.json()["results"]) == [
+        "l40s-001",
+        "l40s-002",
+    ]
+
+
 def test_a_yes_no_filter_still_filters(operator_api, fleet_east):
     response = operator_api.get("/api/nodes/?standalone=true")
     assert [node["hostname"] for node in response.json()["results"]] == ["a100-001"]

@@ -47,3 +47,31 @@ class BooleanFilter(django_filters.BooleanFilter):
     """A yes/no filter: ``true`` or ``false``, or a 400 naming the parameter."""
 
     field_class = _TrueOrFalse
+
+
+class _ChoiceGiven(django_filters.fields.ChoiceField):
+    """A choice given in the query must be one of the choices: ``?state=`` (given, empty) is
+    refused. django-filter read an empty value as "no filter", so a client that sent one got
+    every row and believed it had filtered."""
+
+    def clean(self, value):
+        if value == "":
+            raise forms.ValidationError(
+                "must be one of the choices; leave the parameter out not to filter"
+            )
+        return super().clean(value)
+
+
+class ChoiceFilter(django_filters.ChoiceFilter):
+    field_class = _ChoiceGiven
+
+
+class FilterSet(django_filters.FilterSet):
+    """The API's FilterSet: a field with choices filters with the strict `ChoiceFilter`."""
+
+    @classmethod
+    def filter_for_lookup(cls, field, lookup_type):
+        filter_class, params = super().filter_for_lookup(field, lookup_type)
+        if filter_class is django_filters.ChoiceFilter:
+            return ChoiceFilter, params
+        return filter_class, params

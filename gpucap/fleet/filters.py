@@ -1,19 +1,17 @@
 """django-filter FilterSets for the fleet API's list endpoints; foreign keys filter by
 id with the API's ``IdFilter``, yes/no questions with its strict ``BooleanFilter``."""
 
-import django_filters
-
-from gpucap.api.filters import BooleanFilter, IdFilter
+from gpucap.api.filters import BooleanFilter, FilterSet, IdFilter
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 
 
-class ClusterFilter(django_filters.FilterSet):
+class ClusterFilter(FilterSet):
     class Meta:
         model = Cluster
         fields = {"name": ["exact"], "driver": ["exact"]}
 
 
-class NodeFilter(django_filters.FilterSet):
+class NodeFilter(FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
     capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
     standalone = BooleanFilter(
@@ -30,7 +28,7 @@ class NodeFilter(django_filters.FilterSet):
         }
 
 
-class GpuFilter(django_filters.FilterSet):
+class GpuFilter(FilterSet):
     node = IdFilter(field_name="node_id", label="Node id")
 
     class Meta:
@@ -38,7 +36,7 @@ class GpuFilter(django_filters.FilterSet):
         fields = {"health": ["exact"]}
 
 
-class CapacitySetFilter(django_filters.FilterSet):
+class CapacitySetFilter(FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
 
     class Meta:
@@ -46,7 +44,7 @@ class CapacitySetFilter(django_filters.FilterSet):
         fields = {"fabric": ["exact"], "mode": ["exact"], "gpu_model": ["exact"]}
 
 
-class PoolFilter(django_filters.FilterSet):
+class PoolFilter(FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
     capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
     standalone = BooleanFilter(
@@ -58,7 +56,7 @@ class PoolFilter(django_filters.FilterSet):
         fields = {"kind": ["exact"], "gpu_model": ["exact"], "fabric": ["exact"]}
 
 
-class ImageFilter(django_filters.FilterSet):
+class ImageFilter(FilterSet):
     cluster = IdFilter(field_name="cluster_id", label="Cluster id")
     enabled = BooleanFilter(label="Offered to tenants")
     pool = IdFilter(field_name="cluster__pools", label="Pool id: the images of its cluster")

@@ -4,11 +4,11 @@ the tenant exists."""
 
 import django_filters
 
-from gpucap.api.filters import BooleanFilter, IdFilter
+from gpucap.api.filters import BooleanFilter, FilterSet, IdFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment
 
 
-class InferenceDeploymentFilter(django_filters.FilterSet):
+class InferenceDeploymentFilter(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
     pool = IdFilter(field_name="pool_id", label="Pool id")
 
@@ -17,7 +17,7 @@ class InferenceDeploymentFilter(django_filters.FilterSet):
         fields = {"name": ["exact"], "slug": ["exact"], "model_name": ["exact"]}
 
 
-class ApiKeyFilter(django_filters.FilterSet):
+class ApiKeyFilter(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
     deployment = IdFilter(field_name="deployment_id", label="Deployment id")
     all_deployments = BooleanFilter(

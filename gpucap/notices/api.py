@@ -6,7 +6,6 @@ reclaiming a VM are operator commands: one small view each, calling
 ``gpucap.notices.drains``; a drain answers with the node and who still holds it up.
 """
 
-import django_filters
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
@@ -14,7 +13,7 @@ from rest_framework import serializers, viewsets
 from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, OperatorCommand
-from gpucap.api.filters import BooleanFilter, IdFilter
+from gpucap.api.filters import BooleanFilter, FilterSet, IdFilter
 from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains, selectors
@@ -93,7 +92,7 @@ class NoticeSerializer(serializers.ModelSerializer):
         return max(0, int((notice.deadline - timezone.now()).total_seconds()))
 
 
-class NoticeFilter(django_filters.FilterSet):
+class NoticeFilter(FilterSet):
     open = BooleanFilter(
         field_name="completed_at", lookup_expr="isnull", label="Open (not yet completed)"
     )

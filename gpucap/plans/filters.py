@@ -2,11 +2,11 @@
 
 import django_filters
 
-from gpucap.api.filters import IdFilter
+from gpucap.api.filters import FilterSet, IdFilter
 from gpucap.plans.models import Plan
 
 
-class PlanFilter(django_filters.FilterSet):
+class PlanFilter(FilterSet):
     capacity_set = IdFilter(field_name="capacity_set_id", label="Capacity set id")
     capacity_set_name = django_filters.CharFilter(
         field_name="capacity_set__name", label="Capacity set name"

@@ -3,11 +3,11 @@ see: a member filtering by another tenant's slug gets an empty list, not a hint 
 
 import django_filters
 
-from gpucap.api.filters import IdFilter
+from gpucap.api.filters import FilterSet, IdFilter
 from gpucap.rentals.models import VirtualMachine
 
 
-class VirtualMachineFilter(django_filters.FilterSet):
+class VirtualMachineFilter(FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug", label="Tenant slug")
     pool = IdFilter(field_name="pool_id", label="Pool id")
     job = django_filters.CharFilter(field_name="job", label="Job name (the VMs of a multi-VM job)")
