@@ -326,6 +326,8 @@ class _Run:
             self.plans.append(record)
         self.fleet.apply(made, now)
         waits = [entry.waits_until for entry in made.unsatisfied if entry.waits_until is not None]
+        if made.preemptions and not self.fleet.notice:
+            waits.append(now)  # victims left at once: their resumes are planned next step
         self.wake = min(waits) if waits else None
         if made.preemptions:
             pools: dict[str, int] = {}
