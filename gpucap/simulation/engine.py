@@ -90,6 +90,8 @@ def simulate(
         notice_seconds=notice_seconds,
         step_seconds=step_seconds,
         duration_seconds=duration_seconds,
+        wait_threshold_seconds=wait_threshold_seconds,
+        startup_seconds=startup_seconds,
     )
     if problems:
         raise SimulationError(problems)

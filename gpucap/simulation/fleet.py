@@ -55,7 +55,7 @@ class SimVm:
 class SimDemand:
     """A VM asked for and not running yet: a replica, an arrival, a resume or the start's."""
 
-    __slots__ = ("deployment", "duration", "frozen", "kind", "tenant")
+    __slots__ = ("deployment", "duration", "frozen", "job", "kind", "tenant")
 
     def __init__(
         self,
@@ -65,9 +65,11 @@ class SimDemand:
         deployment: str | None = None,
         duration: timedelta | None = None,
         tenant: str | None = None,
+        job: str | None = None,
     ) -> None:
         self.frozen = demand
-        self.kind = kind
+        self.kind = kind  # "replica", "arrival", "resume" or "start"
+        self.job = job  # a resuming VM's job (its group while it ran)
         self.deployment = deployment
         self.duration = duration
         self.tenant = tenant
@@ -101,7 +103,6 @@ class Fleet:
         self.ends: list[tuple[datetime, str]] = []
         self.events: list[Event] = []
         self.resumes = 0  # reclaimed VMs running again, counted until the caller resets it
-        self._group_of_resume: dict[str, str | None] = {}
         for vm in start.vms:
             self._add(SimVm(vm, ready_at=vm.started_at, ends_at=None))
             if vm.state == "notified":
@@ -187,9 +188,8 @@ class Fleet:
             disk_node=vm.node,
         )
         self.pending[vm.id] = SimDemand(
-            demand, kind="resume", deployment=None, duration=left, tenant=vm.tenant
+            demand, kind="resume", duration=left, tenant=vm.tenant, job=vm.group
         )
-        self._group_of_resume[vm.id] = vm.group
 
     def start_vm(self, demand: SimDemand, node: str, gpus: tuple[int, ...], now: datetime) -> None:
         frozen = demand.frozen
@@ -204,7 +204,7 @@ class Fleet:
             started_at=now,
             deployment=demand.deployment,
             tenant=demand.tenant,
-            group=self._group_of_resume.pop(frozen.id, None),
+            group=demand.job,
         )
         ends_at = now + demand.duration if demand.duration is not None else None
         self._add(SimVm(vm, ready_at=now + self.startup, ends_at=ends_at))

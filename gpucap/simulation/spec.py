@@ -34,6 +34,8 @@ def input_problems(
     notice_seconds: int,
     step_seconds: int,
     duration_seconds: int,
+    wait_threshold_seconds: float = 0,
+    startup_seconds: int = 0,
 ) -> list[str]:
     """Why this input cannot be simulated, one line each (empty: it can)."""
     problems = [f"start: {problem}" for problem in snapshot_problems(start)]
@@ -70,4 +72,8 @@ def input_problems(
         problems.append("step_seconds: must be 1 or more")
     if duration_seconds < 1:
         problems.append("duration_seconds: must be 1 or more")
+    if wait_threshold_seconds < 0:
+        problems.append("wait_threshold_seconds: must be 0 or more")
+    if startup_seconds < 0:
+        problems.append("startup_seconds: must be 0 or more")
     return problems
