@@ -19,8 +19,8 @@ Each step at time ``T`` (``start.now + k * step_seconds``), in this order:
    the maximum in force), pending ones first, then the most recently started.
 4. VM arrivals of the pools' curves become demands (fractions carry over to the next step).
 5. The arbiter plans, if anything changed since its last plan (a demand, a VM gone, a policy
-   boundary, a protection window that kept a demand waiting has ended); with nothing changed
-   the same snapshot would give the same plan. A preemption is a notice: the VM keeps its GPUs
+   boundary, while demands wait: a protection window has ended); with nothing changed the
+   same snapshot would give the same plan. A preemption is a notice: the VM keeps its GPUs
    for ``notice_seconds``, then leaves. A placement starts at once on free GPUs; one that needs
    GPUs still held (its victims') reserves the free rest of its partition and waits.
 6. Each deployment's queue over ``[T, T + step)`` (`queue`), served by its replicas ready at
@@ -38,8 +38,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from gpucap.arbiter.model import Demand, Snapshot
+from gpucap.arbiter.model import Demand, Plan, Snapshot
 from gpucap.arbiter.planner import plan as arbiter_plan
+from gpucap.arbiter.protection import protected_vms
 from gpucap.schedules import calendar
 from gpucap.simulation.fleet import Fleet, SimDemand
 from gpucap.simulation.profile import Profile
@@ -78,11 +79,14 @@ def simulate(
     startup_seconds: int = 120,
     keep_plans: bool = False,
     worst_count: int = 5,
+    plan_every_step: bool = False,
 ) -> SimulationResult:
     """Replay ``profile`` on the set of ``start`` (its ``now`` is the start) for
     ``duration_seconds`` in steps of ``step_seconds``. ``deployments`` (by slug) are the set's
     inference deployments; ``entries`` and ``overrides`` its schedule. ``keep_plans`` keeps
-    every plan with its snapshot in the result (tests; a day on a large set holds many)."""
+    every plan with its snapshot in the result (tests; a day on a large set holds many).
+    ``plan_every_step`` asks the arbiter at every step, as if anything could have changed (tests
+    check that planning only on a change misses nothing)."""
     problems = input_problems(
         start,
         profile,
@@ -108,6 +112,7 @@ def simulate(
         startup=timedelta(seconds=startup_seconds),
         keep_plans=keep_plans,
         worst_count=worst_count,
+        plan_every_step=plan_every_step,
     )
     return run.result()
 
@@ -142,6 +147,7 @@ class _Run:
         startup: timedelta,
         keep_plans: bool,
         worst_count: int,
+        plan_every_step: bool,
     ) -> None:
         self.start = start
         self.profile = profile
@@ -153,6 +159,7 @@ class _Run:
         self.steps = steps
         self.threshold = wait_threshold_seconds
         self.keep_plans = keep_plans
+        self.plan_every_step = plan_every_step
         self.t0: datetime = start.now  # type: ignore[assignment]
         self.base = calendar.Base(
             pools={pool.name: (pool.rank, pool.floor_gpus) for pool in start.pools},
@@ -193,7 +200,7 @@ class _Run:
         )
 
     def _step(self, index: int, now: datetime) -> None:
-        changed = index == 0
+        changed = index == 0 or self.plan_every_step
         self.fleet.resumes = 0
         changed |= self.fleet.leave(now)
         changed |= self._policy_at(now)
@@ -327,7 +334,9 @@ class _Run:
         if self.keep_plans:
             self.plans.append(record)
         self.fleet.apply(made, now)
-        waits = [entry.waits_until for entry in made.unsatisfied if entry.waits_until is not None]
+        waits = []
+        if made.unsatisfied:
+            waits += _protection_ends(snapshot, made)
         if made.preemptions and not self.fleet.notice:
             waits.append(now)  # victims left at once: their resumes are planned next step
         self.wake = min(waits) if waits else None
@@ -439,3 +448,13 @@ class _Run:
                 planned=planned,
             )
         )
+
+
+def _protection_ends(snapshot: Snapshot, made: Plan) -> list[datetime]:
+    """When protection windows end that may let a waiting demand reclaim (their VMs rank below
+    it): the live arbiter, planning every few seconds, would see that at once."""
+    rank = {pool.name: pool.rank for pool in snapshot.pools}
+    demand_pool = {demand.id: demand.pool for demand in snapshot.demands}
+    best = min(rank[demand_pool[entry.demand]] for entry in made.unsatisfied)
+    vm_pool = {vm.id: vm.pool for vm in snapshot.vms}
+    return [end for vm_id, end in protected_vms(snapshot).items() if rank[vm_pool[vm_id]] > best]

@@ -8,7 +8,7 @@ import pytest
 from gpucap.arbiter import plan
 from gpucap.arbiter.model import Demand
 from gpucap.schedules.calendar import FLOOR_GPUS, Change, Entry, Window
-from gpucap.simulation import Profile, SimulationError, simulate
+from gpucap.simulation import Curve, Profile, SimulationError, VmArrivals, simulate
 from tests.simulation.sets import CHAT, T0, chat_load, full_set, minute
 
 NOTICE = 300
@@ -135,3 +135,31 @@ def test_input_the_set_does_not_have_is_refused_with_every_problem():
         "profile.deployments.nope: no such deployment in the set",
         "step_seconds: must be 1 or more",
     ]
+
+
+def test_protected_spot_vms_are_reclaimed_the_minute_enough_of_their_windows_end():
+    # An hour's protection: spot-1 is protected until minute 20, spot-2 until 30, spot-3 until
+    # 40, spot-4 until 50. The two replicas asked for at minute 3 need two partitions: at 20
+    # only spot-1 may go, so they wait; at 30 spot-1 and spot-2 get their notices.
+    result = run(start=full_set(protect_seconds=3600), profile=chat_load((0, 4), (2, 12)))
+    notices = [(e.vm, e.at) for e in result.events if e.kind == "notice"]
+    assert notices == [("spot-2", minute(30)), ("spot-1", minute(30))]
+    assert [made.step for made in result.plans] == [3, 20, 30, 35]
+
+
+def test_vm_arrivals_become_demands_at_their_rate_and_end_after_their_duration():
+    arrivals = VmArrivals(Curve(((0.0, 30.0),)), gpus_per_vm=4, duration_seconds=600)
+    profile = Profile(deployments=chat_load((0, 4)).deployments, pools={"rent": arrivals})
+    result = run(profile=profile, duration_seconds=1800, notice_seconds=60)
+    # 30 an hour: half a VM a minute, so one every two minutes from minute 1 (the half of
+    # minute 0 carries over). Each reclaims a spot VM (rent ranks above spot), most recent
+    # first, and waits for its notice (60 s here) before it starts.
+    notices = [(e.vm, e.at) for e in result.events if e.kind == "notice"]
+    assert notices == [
+        ("spot-4", minute(1)),
+        ("spot-3", minute(3)),
+        ("spot-2", minute(5)),
+        ("spot-1", minute(7)),
+    ]
+    ends = [(e.vm, e.at) for e in result.events if e.kind == "end"][:2]
+    assert ends == [("sim-rent-vm-1", minute(12)), ("sim-rent-vm-2", minute(14))]

@@ -2,6 +2,7 @@
 the arbiter is made from a sound snapshot and obeys the arbiter's rules (tests/arbiter/rules.py
 is the referee), and the simulated set never gives a GPU twice."""
 
+from dataclasses import replace
 from datetime import time, timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -80,3 +81,22 @@ def test_every_plan_of_a_simulation_obeys_the_arbiters_rules(case, notice_second
         for pool in step.pools:
             assert pool.held_gpus >= 0
     assert start.now == at(600)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(simulations(), st.sampled_from((0, 120, 300)))
+def test_planning_only_when_something_changed_misses_nothing(case, notice_seconds):
+    start, profile, specs, entries = case
+    options = {
+        "deployments": specs,
+        "entries": entries,
+        "notice_seconds": notice_seconds,
+        "duration_seconds": 60 * 60,
+        "startup_seconds": 60,
+    }
+    lazy = simulate(start, profile, **options)
+    eager = simulate(start, profile, plan_every_step=True, **options)
+    assert lazy.events == eager.events
+    assert [replace(step, planned=False) for step in lazy.steps] == [
+        replace(step, planned=False) for step in eager.steps
+    ]
