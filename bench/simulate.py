@@ -144,10 +144,14 @@ def bench_input(nodes: int):
             rate = base * (0.25 + 1.5 * day) * (2 if doubles and 9 <= local < 17 else 1)
             points.append((minute * 60.0, round(rate, 2)))
         loads[slug] = DeploymentLoad(Curve(tuple(points)), service_seconds=0.5)
+    # Per 2,000 nodes: spot 120 two-GPU VMs an hour for 2 h, training 24 eight-GPU VMs an hour
+    # for 4 h, rentals 40 one-GPU VMs an hour for 3 h: about 1,400 GPUs asked for at any time,
+    # on a set already about 85 % full, so that spot VMs queue and get reclaimed all day.
+    scale = nodes / NODES
     pools = {
-        "spot": VmArrivals(Curve(((0.0, 30.0),)), gpus_per_vm=2, duration_seconds=2 * 3600),
-        "train": VmArrivals(Curve(((0.0, 6.0),)), gpus_per_vm=8, duration_seconds=4 * 3600),
-        "rent": VmArrivals(Curve(((0.0, 12.0),)), gpus_per_vm=1, duration_seconds=3 * 3600),
+        "spot": VmArrivals(Curve(((0.0, 120 * scale),)), gpus_per_vm=2, duration_seconds=7200),
+        "train": VmArrivals(Curve(((0.0, 24 * scale),)), gpus_per_vm=8, duration_seconds=14400),
+        "rent": VmArrivals(Curve(((0.0, 40 * scale),)), gpus_per_vm=1, duration_seconds=10800),
     }
     chat_floor = next(pool.floor_gpus for pool in start.pools if pool.name == "chat")
     slugs = list(specs)
