@@ -3,9 +3,10 @@ priorities and schedules, in simulated time, with the pure arbiter planning each
 
 Plain Python like the arbiter: frozen dataclasses in, a result out, no clock, no I/O, no Django.
 `profile` reads the load, `engine.simulate` runs it, `result` holds what it found and
-`compare` puts two runs side by side.
+`compare` puts two runs side by side, `codec.result_to_dict` stores one as JSON.
 """
 
+from gpucap.simulation.codec import result_to_dict
 from gpucap.simulation.engine import SimulationError, simulate
 from gpucap.simulation.profile import (
     Curve,
@@ -36,5 +37,6 @@ __all__ = [
     "input_problems",
     "profile_from_dict",
     "profile_from_json",
+    "result_to_dict",
     "simulate",
 ]
