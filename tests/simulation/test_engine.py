@@ -163,3 +163,19 @@ def test_vm_arrivals_become_demands_at_their_rate_and_end_after_their_duration()
     ]
     ends = [(e.vm, e.at) for e in result.events if e.kind == "end"][:2]
     assert ends == [("sim-rent-vm-1", minute(12)), ("sim-rent-vm-2", minute(14))]
+
+
+def test_a_spot_job_is_reclaimed_whole_and_resumes_whole_as_one_job_again():
+    job = {"spot-3": "job-7", "spot-4": "job-7"}
+    start = full_set()
+    start = replace(start, vms=tuple(replace(vm, group=job.get(vm.id)) for vm in start.vms))
+    # Two replicas more at minute 11, one at minute 91 (8 requests/s want two replicas).
+    result = run(start=start, profile=chat_load((0, 4), (10, 12), (60, 4), (90, 8)))
+    assert notices_at(result, 11) == ["spot-3", "spot-4"]
+    resumes = [(e.vm, e.at) for e in result.events if e.kind == "resume"]
+    assert resumes == [("spot-3", minute(71)), ("spot-4", minute(71))]
+    waiting = next(made.snapshot for made in result.plans if made.step == 71)
+    assert {d.id: d.group for d in waiting.demands} == {"spot-3": "job-7", "spot-4": "job-7"}
+    # Running again as one job: reclaiming either would take both (8 GPUs), so the one replica
+    # asked for at minute 91 takes spot-2 alone, though the job's VMs started later.
+    assert notices_at(result, 91) == ["spot-2"]

@@ -9,7 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucap.arbiter import snapshot_problems
-from gpucap.schedules.calendar import FLOOR_GPUS, MIN_REPLICAS, Change, Entry, Window
+from gpucap.schedules.calendar import (
+    FLOOR_GPUS,
+    MIN_REPLICAS,
+    RANK_ORDER,
+    Change,
+    Entry,
+    Window,
+)
 from gpucap.simulation import Curve, DeploymentLoad, DeploymentSpec, Profile, VmArrivals, simulate
 from tests.arbiter.fleets import at, snapshots
 from tests.arbiter.rules import rule_violations
@@ -55,6 +62,8 @@ def simulations(draw):
         pool = draw(st.sampled_from(start.pools))
         changes = [Change(FLOOR_GPUS, pool.name, draw(st.sampled_from((0, 2, 8, 16))))]
         changes += [Change(MIN_REPLICAS, name, 1) for name in specs][:1]
+        if draw(st.booleans()):  # the two best-ranked pools swap places
+            changes.append(Change(RANK_ORDER, "", (start.pools[1].name, start.pools[0].name)))
         window = Window(frozenset({opens.weekday()}), opens.time(), time(23, 59), "UTC")
         entries.append(Entry("shift", window, tuple(changes)))
     return start, Profile(deployments=loads, pools=arrivals), specs, entries
