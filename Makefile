@@ -75,6 +75,7 @@ wrk:
 
 bench: install-dev wrk realguest
 	$(PY) bench/arbiter_scale.py
+	$(PY) bench/simulate.py
 	$(PY) bench/metadata_load.py
 	$(PY) bench/set_page.py
 	$(PY) bench/notice_latency.py
