@@ -1,0 +1,74 @@
+"""``manage.py simulate SET PROFILE``: replay a load profile (JSON, gpucap/simulation/profile.py)
+against a capacity set as it is now, with its ranks, floors, protection windows and schedule, in
+simulated time, and print what it would cause: notices per pool, replicas against load, queue
+waits and refusals, and the worst moments with the arbiter's plan then. Nothing live is touched.
+Exit 2 with one line per problem when the set or the profile cannot be read."""
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from gpucap.fleet.models import CapacitySet
+from gpucap.plans.simulation import simulate_set
+from gpucap.simulation import ProfileError, SimulationError, profile_from_json, result_to_dict
+
+
+class Command(BaseCommand):
+    help = (
+        "Replay a load profile against a capacity set's priorities and schedule in simulated "
+        "time, and print every reclaim, notice and unserved request it would cause."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("set", help="The capacity set's name.")
+        parser.add_argument("profile", help="The load profile, a JSON file (- for stdin).")
+        parser.add_argument("--hours", type=int, default=24, help="How long (default 24).")
+        parser.add_argument("--step", type=int, default=60, help="Seconds a step (default 60).")
+        parser.add_argument(
+            "--wait-threshold",
+            type=float,
+            default=1.0,
+            help="A request waiting longer than this many seconds counts as late (default 1).",
+        )
+        parser.add_argument("--json", action="store_true", help="Print the whole result as JSON.")
+
+    def handle(self, *args, **options) -> None:
+        capacity_set = CapacitySet.objects.filter(name=options["set"]).first()
+        if capacity_set is None:
+            raise CommandError(f"set: no capacity set is named {options['set']!r}", returncode=2)
+        if options["hours"] < 1 or options["step"] < 1:
+            raise CommandError("--hours and --step must be 1 or more", returncode=2)
+        try:
+            text = (
+                self.stdin.read()
+                if options["profile"] == "-"
+                else Path(options["profile"]).read_text()
+            )
+        except OSError as error:
+            raise CommandError(f"profile: cannot read: {error}", returncode=2) from None
+        try:
+            profile = profile_from_json(text)
+            result = simulate_set(
+                capacity_set,
+                profile,
+                step_seconds=options["step"],
+                duration_seconds=options["hours"] * 3600,
+                wait_threshold_seconds=options["wait_threshold"],
+            )
+        except ProfileError as error:
+            lines = [f"profile: {field}: {reason}" for field, reason in error.problems.items()]
+            raise CommandError("\n".join(lines), returncode=2) from None
+        except SimulationError as error:
+            raise CommandError("\n".join(map(str, error.problems)), returncode=2) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(result_to_dict(result), indent=1))
+            return
+        self.stdout.write(
+            f"{capacity_set.name}: {len(result.steps)} steps of {result.step_seconds} s from "
+            f"{result.start:%Y-%m-%d %H:%M} UTC, {result.plans_made} plans made"
+        )
+        for figure in result.figures():
+            self.stdout.write(f"  {figure.label}: {figure.shown()}")
+        for moment in result.worst:
+            self.stdout.write(f"worst ({moment.kind}) at {moment.at:%H:%M} UTC: {moment.words}")
