@@ -202,6 +202,25 @@ def test_a_yes_no_filter_takes_true_or_false_and_nothing_else(operator_api, flee
 
 @pytest.mark.parametrize(
     "query",
+    [
+        "/api/images/?cluster=266054358511241&enabled=%25O",
+        "/api/images/?enabled=100%25",
+        "/api/nodes/?state=%25s&standalone=%25d",
+        "/api/notices/?open=%25(value)s",
+    ],
+)
+def test_a_filter_value_holding_a_percent_sign_is_a_400_not_a_500(operator_api, fleet_east, query):
+    """schemathesis found ``enabled=%O`` a 500: the value was written into the message that
+    django-filter then formatted with ``%``."""
+    error = assert_error(operator_api.get(query), 400, "invalid")
+    bad = [part.split("=")[0] for part in query.split("?")[1].split("&") if "%25" in part]
+    assert set(bad) <= set(error["fields"])
+    for name in bad:
+        assert "%" in error["fields"][name][0]
+
+
+@pytest.mark.parametrize(
+    "query",
     ["/api/nodes/?state=", "/api/vms/?state=", "/api/pools/?kind=", "/api/notices/?reason="],
 )
 def test_a_choice_filter_given_empty_is_refused_not_dropped(operator_api, fleet_east, query):

@@ -40,7 +40,11 @@ class _TrueOrFalse(forms.Field):
             return None
         if value in ("true", "false"):
             return value == "true"
-        raise forms.ValidationError(f"{str(value)[:40]!r} is not true or false")
+        # The value travels as a parameter: django-filter formats the message with ``%``, and a
+        # value holding a ``%`` written into the message itself was a 500.
+        raise forms.ValidationError(
+            "%(value)s is not true or false", params={"value": repr(str(value)[:40])}
+        )
 
 
 class BooleanFilter(django_filters.BooleanFilter):
