@@ -10,8 +10,9 @@ the pools' and deployments' ``scheduled_*`` columns; when a value changed it bum
 generation (so the arbiter plans again with it, and a plan made before can no longer be
 approved) and records each change in the audit log, with the entry or override it comes from.
 Expired overrides are deleted then (audited too). It runs at every boundary: sent for that
-moment when the boundary is known (`_wake_at_next`), and by beat (``schedules.apply_due``) as
-the safety net. It is idempotent: run twice at one moment, the second changes nothing.
+moment when the boundary is known (`wake_at`), and by beat (``schedules.apply_due``) as the
+safety net, for the sets whose boundary passed since their last apply (`AppliedPolicy`). It is
+idempotent: run twice at one moment, the second changes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
@@ -29,8 +30,13 @@ from gpucap.fleet import services as fleet
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.inference.models import InferenceDeployment
 from gpucap.schedules import calendar, spec
-from gpucap.schedules.models import PolicyChange, PolicyOverride, ScheduleEntry
-from gpucap.schedules.selectors import SetSchedule, entry_of, override_of, set_schedule
+from gpucap.schedules.models import AppliedPolicy, PolicyChange, PolicyOverride, ScheduleEntry
+from gpucap.schedules.selectors import (
+    LOOKAHEAD,
+    entry_of,
+    override_of,
+    set_schedule,
+)
 from gpucap.tasks import enqueue_on_commit, wake_at
 
 # The longest an override may last: a client that forgets one must not change policy for good.
@@ -185,7 +191,7 @@ def policy_override_clear(
 def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = None) -> list[str]:
     """Put in force what the set's schedule and overrides say at ``now``; the changes made, in
     words (empty: nothing changed)."""
-    fleet.lock_set(capacity_set)
+    locked = CapacitySet.objects.select_for_update().only("generation").get(pk=capacity_set.pk)
     for expired in PolicyOverride.objects.filter(capacity_set=capacity_set, expires_at__lte=now):
         audit_record(
             actor=None,
@@ -206,13 +212,27 @@ def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = Non
             after={"changes": words, "sources": _sources(policy)},
             message="; ".join(words),
         )
-    _wake_at_next(schedule, now)
+    following = schedule.next_boundary(now)
+    if following is not None:
+        wake_at("schedules.apply", capacity_set.pk, following)
+    # The row lock is held: the bump above is the only change to the generation since.
+    AppliedPolicy.objects.update_or_create(
+        capacity_set=capacity_set,
+        defaults={
+            "applied_at": now,
+            "generation": locked.generation + (1 if words else 0),
+            "next_boundary": following or now + LOOKAHEAD,
+        },
+    )
     return words
 
 
 def policies_apply_due(*, now: datetime | None = None) -> int:
     """`policy_apply` for every set with a schedule, an override or values still in force from
-    one (beat's safety net under the boundary wake-ups). Returns how many sets changed."""
+    one (beat's safety net under the boundary wake-ups), that has something new to apply: a
+    boundary passed since its last apply (one whose wake-up was lost, or passed while beat was
+    down), its generation moved since, or it was never applied. One query when none has.
+    Returns how many sets changed."""
     now = now or timezone.now()
     sets = CapacitySet.objects.filter(
         Q(schedule_entries__isnull=False)
@@ -221,8 +241,13 @@ def policies_apply_due(*, now: datetime | None = None) -> int:
         | Q(pools__scheduled_floor_gpus__isnull=False)
         | Q(pools__deployments__scheduled_min_replicas__isnull=False)
         | Q(pools__deployments__scheduled_max_replicas__isnull=False)
-    ).distinct()
-    return sum(1 for capacity_set in sets if policy_apply(capacity_set=capacity_set, now=now))
+    ).filter(
+        Q(applied_policy__isnull=True)
+        | Q(applied_policy__next_boundary__lte=now)
+        | ~Q(applied_policy__generation=F("generation"))
+    )
+    due = sets.distinct().order_by("pk")
+    return sum(1 for capacity_set in due if policy_apply(capacity_set=capacity_set, now=now))
 
 
 def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[str]:
@@ -271,12 +296,6 @@ def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[st
         # lowered maximum leaves over) now, not at its next periodic run.
         enqueue_on_commit("inference.wake", slug)
     return words
-
-
-def _wake_at_next(schedule: SetSchedule, now: datetime) -> None:
-    following = schedule.next_boundary(now)
-    if following is not None:
-        wake_at("schedules.apply", schedule.capacity_set.pk, following)
 
 
 def _read_changes(
