@@ -251,51 +251,56 @@ def policies_apply_due(*, now: datetime | None = None) -> int:
 
 
 def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[str]:
-    """Write ``policy`` into the set's ``scheduled_*`` columns; what changed, in words."""
-    words = []
-    for pool in Pool.objects.filter(capacity_set=capacity_set).select_for_update().order_by("rank"):
+    """Write ``policy`` into the set's ``scheduled_*`` columns; what changed in force, in the
+    words of `calendar.Policy.differences` (the timeline's and the policy API's too)."""
+    pools = list(
+        Pool.objects.filter(capacity_set=capacity_set).select_for_update().order_by("rank")
+    )
+    deployments = list(
+        InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
+        .select_for_update(of=("self",))
+        .order_by("slug")
+    )
+    before = _in_force(pools, deployments, policy.at)
+    for pool in pools:
         rank = policy.ranks.get(pool.name, pool.rank)
         scheduled_rank = None if rank == pool.rank else rank
         in_force = (calendar.FLOOR_GPUS, pool.name) in policy.sources
         scheduled_floor = policy.floors[pool.name] if in_force else None
-        if (pool.scheduled_rank, pool.scheduled_floor_gpus) == (scheduled_rank, scheduled_floor):
-            continue
-        if pool.floor_in_force != (scheduled_floor if in_force else pool.floor_gpus):
-            new = scheduled_floor if in_force else pool.floor_gpus
-            words.append(f"pool {pool.name} floor {pool.floor_in_force} → {new} GPUs")
-        if pool.rank_in_force != rank:
-            words.append(f"pool {pool.name} rank {pool.rank_in_force} → {rank}")
-        pool.scheduled_rank, pool.scheduled_floor_gpus = scheduled_rank, scheduled_floor
-        pool.save(update_fields=["scheduled_rank", "scheduled_floor_gpus"])
-    deployments = InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
-    woken = []
-    for deployment in deployments.select_for_update(of=("self",)).order_by("slug"):
-        low_key = (calendar.MIN_REPLICAS, deployment.slug)
-        high_key = (calendar.MAX_REPLICAS, deployment.slug)
+        if (pool.scheduled_rank, pool.scheduled_floor_gpus) != (scheduled_rank, scheduled_floor):
+            pool.scheduled_rank, pool.scheduled_floor_gpus = scheduled_rank, scheduled_floor
+            pool.save(update_fields=["scheduled_rank", "scheduled_floor_gpus"])
+    for deployment in deployments:
         low, high = policy.replicas.get(
             deployment.slug, (deployment.min_replicas, deployment.max_replicas)
         )
         scheduled = (
-            low if low_key in policy.sources else None,
-            high if high_key in policy.sources else None,
+            low if (calendar.MIN_REPLICAS, deployment.slug) in policy.sources else None,
+            high if (calendar.MAX_REPLICAS, deployment.slug) in policy.sources else None,
         )
-        if (deployment.scheduled_min_replicas, deployment.scheduled_max_replicas) == scheduled:
-            continue
-        before = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
-        deployment.scheduled_min_replicas, deployment.scheduled_max_replicas = scheduled
-        after = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
-        deployment.save(update_fields=["scheduled_min_replicas", "scheduled_max_replicas"])
-        if before != after:
-            words.append(
-                f"deployment {deployment.slug} replicas {before[0]}-{before[1]} → "
-                f"{after[0]}-{after[1]}"
-            )
-            woken.append(deployment.slug)
-    for slug in woken:
-        # The autoscaler asks for the replicas a raised minimum needs (or lets go of those a
-        # lowered maximum leaves over) now, not at its next periodic run.
-        enqueue_on_commit("inference.wake", slug)
-    return words
+        if (deployment.scheduled_min_replicas, deployment.scheduled_max_replicas) != scheduled:
+            deployment.scheduled_min_replicas, deployment.scheduled_max_replicas = scheduled
+            deployment.save(update_fields=["scheduled_min_replicas", "scheduled_max_replicas"])
+    after = _in_force(pools, deployments, policy.at)
+    for slug in sorted(after.replicas):
+        if before.replicas[slug] != after.replicas[slug]:
+            # The autoscaler asks for the replicas a raised minimum needs (or lets go of those
+            # a lowered maximum leaves over) now, not at its next periodic run.
+            enqueue_on_commit("inference.wake", slug)
+    return before.differences(after)
+
+
+def _in_force(
+    pools: list[Pool], deployments: list[InferenceDeployment], at: datetime
+) -> calendar.Policy:
+    """What the rows hold in force, as a policy (to say what changed in `Policy`'s words)."""
+    return calendar.Policy(
+        at=at,
+        ranks={pool.name: pool.rank_in_force for pool in pools},
+        floors={pool.name: pool.floor_in_force for pool in pools},
+        replicas={d.slug: (d.min_replicas_in_force, d.max_replicas_in_force) for d in deployments},
+        sources={},
+    )
 
 
 def _read_changes(
