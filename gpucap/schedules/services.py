@@ -18,6 +18,7 @@ idempotent: run twice at one moment, the second changes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ValidationError
@@ -33,6 +34,7 @@ from gpucap.schedules import calendar, spec
 from gpucap.schedules.models import AppliedPolicy, PolicyChange, PolicyOverride, ScheduleEntry
 from gpucap.schedules.selectors import (
     LOOKAHEAD,
+    SetSchedule,
     entry_of,
     override_of,
     set_schedule,
@@ -64,13 +66,14 @@ def schedule_entry_save(
     if problems:
         raise ValidationError(problems)
     entry = calendar.Entry(name=name, window=window, changes=spec.as_calendar_changes(changes))
-    others = [e for e in set_schedule(capacity_set).entries if e.name != name]
+    schedule = set_schedule(capacity_set)  # read once: the conflicts, the row, then the apply
+    others = [e for e in schedule.entries if e.name != name]
     clashes = calendar.conflicts([*others, entry], now)
     if clashes:
         raise ValidationError(
             {"non_field_errors": [clash.describe(window.zone) for clash in clashes]}
         )
-    row = ScheduleEntry.objects.filter(capacity_set=capacity_set, name=name).first()
+    row = next((row for row in schedule.entry_rows if row.name == name), None)
     before = _entry_words(row) if row else {}
     if row is None:
         row = ScheduleEntry(capacity_set=capacity_set, name=name, created_by=_user(actor))
@@ -86,7 +89,10 @@ def schedule_entry_save(
         before=before,
         after={"window": window.describe(), "sets": [c.describe() for c in entry.changes]},
     )
-    policy_apply(capacity_set=capacity_set, now=now, actor=actor)
+    entries = tuple(sorted([*others, entry], key=lambda e: e.name))
+    policy_apply(
+        capacity_set=capacity_set, now=now, actor=actor, schedule=replace(schedule, entries=entries)
+    )
     return row
 
 
@@ -188,9 +194,16 @@ def policy_override_clear(
 
 
 @transaction.atomic
-def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = None) -> list[str]:
+def policy_apply(
+    *,
+    capacity_set: CapacitySet,
+    now: datetime,
+    actor: Actor = None,
+    schedule: SetSchedule | None = None,
+) -> list[str]:
     """Put in force what the set's schedule and overrides say at ``now``; the changes made, in
-    words (empty: nothing changed)."""
+    words (empty: nothing changed). ``schedule``: the set's, as a write under the set's lock
+    has just made it (spares reading it again)."""
     locked = CapacitySet.objects.select_for_update().only("generation").get(pk=capacity_set.pk)
     for expired in PolicyOverride.objects.filter(capacity_set=capacity_set, expires_at__lte=now):
         audit_record(
@@ -200,7 +213,11 @@ def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = Non
             message=f"expired at {expired.expires_at:%Y-%m-%d %H:%M:%S} UTC",
         )
         expired.delete()
-    schedule = set_schedule(capacity_set)
+    if schedule is None:
+        schedule = set_schedule(capacity_set)
+    else:
+        live = tuple(o for o in schedule.overrides if o.expires_at > now)
+        schedule = replace(schedule, overrides=live)
     policy = schedule.policy_at(now)
     words = _write_policy(capacity_set, policy)
     if words:

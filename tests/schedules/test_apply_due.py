@@ -31,9 +31,9 @@ def applies(monkeypatch) -> list:
     found = []
     real = services.policy_apply
 
-    def counted(*, capacity_set, now, actor=None):
+    def counted(*, now, **kwargs):
         found.append(now)
-        return real(capacity_set=capacity_set, now=now, actor=actor)
+        return real(now=now, **kwargs)
 
     monkeypatch.setattr(services, "policy_apply", counted)
     return found

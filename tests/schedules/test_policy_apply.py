@@ -81,6 +81,30 @@ def test_the_audit_says_a_change_in_the_words_of_the_timeline(fleet_east, operat
 
 
 @pytest.mark.django_db
+def test_saving_an_entry_reads_the_schedule_once_whatever_it_holds(
+    fleet_east, operator, django_assert_num_queries
+):
+    """The conflict check, the row replaced and the apply share one read of the schedule."""
+    h100 = fleet_east["sets"]["h100-east"]
+    night = {**DAY_SHIFT, "name": "night", "start": "22:00", "end": "06:00"}
+    night.pop("rank_order")
+    services.schedule_entry_save(capacity_set=h100, data=night, actor=operator, now=NOON)
+
+    for queries in (25, 26):  # created, then replaced
+        with django_assert_num_queries(queries) as captured:
+            services.schedule_entry_save(
+                capacity_set=h100, data=DAY_SHIFT, actor=operator, now=NOON
+            )
+        reads = [
+            query["sql"]
+            for query in captured.captured_queries
+            if query["sql"].startswith('SELECT "schedules_scheduleentry"')
+        ]
+        assert len(reads) == 1
+    assert ScheduleEntry.objects.count() == 2
+
+
+@pytest.mark.django_db
 def test_two_entries_setting_one_floor_at_once_are_refused_naming_both(fleet_east, operator):
     h100 = fleet_east["sets"]["h100-east"]
     services.schedule_entry_save(capacity_set=h100, data=DAY_SHIFT, actor=operator, now=NOON)
