@@ -104,8 +104,9 @@ def plan_at(
 
 
 def timeline(capacity_set: CapacitySet, now: datetime, hours: int = HOURS) -> list[Boundary]:
-    """Each boundary of the set's schedule and overrides in ``(now, now + hours]``: what changes
-    then and `plan_at` that moment. One read of the schedule and of the fleet; a plan each."""
+    """Each boundary of the set's schedule and overrides in ``(now, now + hours]`` that changes
+    something in force: what changes then and `plan_at` that moment. One read of the schedule
+    and of the fleet; a plan each."""
     schedule = set_schedule(capacity_set)
     until = now + timedelta(hours=hours)
     moments = schedule.boundaries(now, until)
@@ -116,14 +117,12 @@ def timeline(capacity_set: CapacitySet, now: datetime, hours: int = HOURS) -> li
     before = schedule.policy_at(now)
     found = []
     for moment in moments:
+        changes = before.differences(schedule.policy_at(moment))
+        if not changes:
+            continue  # e.g. one entry closes as another opens with the same values
         future = plan_at(capacity_set, moment, schedule=schedule, snap=snap)
         found.append(
-            Boundary(
-                at=moment,
-                events=events.get(moment, []),
-                changes=before.differences(future.policy),
-                future=future,
-            )
+            Boundary(at=moment, events=events.get(moment, []), changes=changes, future=future)
         )
         before = future.policy
     return found

@@ -158,3 +158,22 @@ class PolicyChange(models.Model):
     def __str__(self) -> str:
         target = self.pool or self.deployment
         return f"{self.setting} {target} {self.value if self.position is None else self.position}"
+
+
+class AppliedPolicy(models.Model):
+    """When `policy_apply` last ran for a set: the set's generation then and the next boundary
+    it saw. Beat's pass (`policies_apply_due`) applies again only a set whose boundary has
+    passed or whose generation moved since (a pool re-ranked, its floor moved): the rest have
+    nothing new to put in force."""
+
+    capacity_set = models.OneToOneField(
+        CapacitySet, primary_key=True, on_delete=models.CASCADE, related_name="applied_policy"
+    )
+    applied_at = models.DateTimeField()
+    generation = models.BigIntegerField()
+    next_boundary = models.DateTimeField(
+        help_text="Apply again from then: the next boundary, or a week on when none is known."
+    )
+
+    def __str__(self) -> str:
+        return f"{self.capacity_set_id} at {self.applied_at:%Y-%m-%d %H:%M:%S}"

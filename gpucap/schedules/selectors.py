@@ -35,8 +35,17 @@ class SetSchedule:
         return calendar.boundaries(self.entries, self.overrides, since, until)
 
     def next_boundary(self, after: datetime) -> datetime | None:
-        found = self.boundaries(after, after + LOOKAHEAD)
-        return found[0] if found else None
+        """The next boundary that changes something: a value in force, or an override starting
+        or expiring (expired ones are deleted then). One entry closing as another opens with
+        the same values changes nothing: no wake-up is needed for it."""
+        in_force = self.policy_at(after)
+        override_moments = {
+            moment for o in self.overrides for moment in (o.starts_at, o.expires_at) if moment
+        }
+        for moment in self.boundaries(after, after + LOOKAHEAD):
+            if moment in override_moments or in_force.differences(self.policy_at(moment)):
+                return moment
+        return None
 
     @property
     def empty(self) -> bool:

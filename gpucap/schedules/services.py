@@ -10,18 +10,20 @@ the pools' and deployments' ``scheduled_*`` columns; when a value changed it bum
 generation (so the arbiter plans again with it, and a plan made before can no longer be
 approved) and records each change in the audit log, with the entry or override it comes from.
 Expired overrides are deleted then (audited too). It runs at every boundary: sent for that
-moment when the boundary is known (`_wake_at_next`), and by beat (``schedules.apply_due``) as
-the safety net. It is idempotent: run twice at one moment, the second changes nothing.
+moment when the boundary is known (`wake_at`), and by beat (``schedules.apply_due``) as the
+safety net, for the sets whose boundary passed since their last apply (`AppliedPolicy`). It is
+idempotent: run twice at one moment, the second changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import datetime
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
@@ -29,14 +31,15 @@ from gpucap.fleet import services as fleet
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.inference.models import InferenceDeployment
 from gpucap.schedules import calendar, spec
-from gpucap.schedules.models import PolicyChange, PolicyOverride, ScheduleEntry
-from gpucap.schedules.selectors import SetSchedule, entry_of, override_of, set_schedule
+from gpucap.schedules.models import AppliedPolicy, PolicyChange, PolicyOverride, ScheduleEntry
+from gpucap.schedules.selectors import (
+    LOOKAHEAD,
+    SetSchedule,
+    entry_of,
+    override_of,
+    set_schedule,
+)
 from gpucap.tasks import enqueue_on_commit, wake_at
-
-# The longest an override may last: a client that forgets one must not change policy for good.
-MAX_OVERRIDE_SECONDS = 31 * 24 * 3600
-_CALENDAR_MARGIN = timedelta(days=366)
-_CALENDAR_END = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 @transaction.atomic
@@ -58,13 +61,14 @@ def schedule_entry_save(
     if problems:
         raise ValidationError(problems)
     entry = calendar.Entry(name=name, window=window, changes=spec.as_calendar_changes(changes))
-    others = [e for e in set_schedule(capacity_set).entries if e.name != name]
+    schedule = set_schedule(capacity_set)  # read once: the conflicts, the row, then the apply
+    others = [e for e in schedule.entries if e.name != name]
     clashes = calendar.conflicts([*others, entry], now)
     if clashes:
         raise ValidationError(
             {"non_field_errors": [clash.describe(window.zone) for clash in clashes]}
         )
-    row = ScheduleEntry.objects.filter(capacity_set=capacity_set, name=name).first()
+    row = next((row for row in schedule.entry_rows if row.name == name), None)
     before = _entry_words(row) if row else {}
     if row is None:
         row = ScheduleEntry(capacity_set=capacity_set, name=name, created_by=_user(actor))
@@ -80,7 +84,10 @@ def schedule_entry_save(
         before=before,
         after={"window": window.describe(), "sets": [c.describe() for c in entry.changes]},
     )
-    policy_apply(capacity_set=capacity_set, now=now, actor=actor)
+    entries = tuple(sorted([*others, entry], key=lambda e: e.name))
+    policy_apply(
+        capacity_set=capacity_set, now=now, actor=actor, schedule=replace(schedule, entries=entries)
+    )
     return row
 
 
@@ -117,7 +124,7 @@ def policy_override_set(
     for key in data:
         if key not in allowed:
             problems[key] = "is not a field of an override"
-    starts_at, expires_at = _override_times(data, now, problems)
+    starts_at, expires_at = spec.read_override_times(data, now, problems)
     reason = data.get("reason", "")
     if not isinstance(reason, str) or len(reason) > 200:
         problems["reason"] = "must be text of at most 200 characters"
@@ -182,10 +189,17 @@ def policy_override_clear(
 
 
 @transaction.atomic
-def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = None) -> list[str]:
+def policy_apply(
+    *,
+    capacity_set: CapacitySet,
+    now: datetime,
+    actor: Actor = None,
+    schedule: SetSchedule | None = None,
+) -> list[str]:
     """Put in force what the set's schedule and overrides say at ``now``; the changes made, in
-    words (empty: nothing changed)."""
-    fleet.lock_set(capacity_set)
+    words (empty: nothing changed). ``schedule``: the set's, as a write under the set's lock
+    has just made it (spares reading it again)."""
+    locked = CapacitySet.objects.select_for_update().only("generation").get(pk=capacity_set.pk)
     for expired in PolicyOverride.objects.filter(capacity_set=capacity_set, expires_at__lte=now):
         audit_record(
             actor=None,
@@ -194,7 +208,11 @@ def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = Non
             message=f"expired at {expired.expires_at:%Y-%m-%d %H:%M:%S} UTC",
         )
         expired.delete()
-    schedule = set_schedule(capacity_set)
+    if schedule is None:
+        schedule = set_schedule(capacity_set)
+    else:
+        live = tuple(o for o in schedule.overrides if o.expires_at > now)
+        schedule = replace(schedule, overrides=live)
     policy = schedule.policy_at(now)
     words = _write_policy(capacity_set, policy)
     if words:
@@ -206,13 +224,27 @@ def policy_apply(*, capacity_set: CapacitySet, now: datetime, actor: Actor = Non
             after={"changes": words, "sources": _sources(policy)},
             message="; ".join(words),
         )
-    _wake_at_next(schedule, now)
+    following = schedule.next_boundary(now)
+    if following is not None:
+        wake_at("schedules.apply", capacity_set.pk, following)
+    # The row lock is held: the bump above is the only change to the generation since.
+    AppliedPolicy.objects.update_or_create(
+        capacity_set=capacity_set,
+        defaults={
+            "applied_at": now,
+            "generation": locked.generation + (1 if words else 0),
+            "next_boundary": following or now + LOOKAHEAD,
+        },
+    )
     return words
 
 
 def policies_apply_due(*, now: datetime | None = None) -> int:
     """`policy_apply` for every set with a schedule, an override or values still in force from
-    one (beat's safety net under the boundary wake-ups). Returns how many sets changed."""
+    one (beat's safety net under the boundary wake-ups), that has something new to apply: a
+    boundary passed since its last apply (one whose wake-up was lost, or passed while beat was
+    down), its generation moved since, or it was never applied. One query when none has.
+    Returns how many sets changed."""
     now = now or timezone.now()
     sets = CapacitySet.objects.filter(
         Q(schedule_entries__isnull=False)
@@ -221,62 +253,66 @@ def policies_apply_due(*, now: datetime | None = None) -> int:
         | Q(pools__scheduled_floor_gpus__isnull=False)
         | Q(pools__deployments__scheduled_min_replicas__isnull=False)
         | Q(pools__deployments__scheduled_max_replicas__isnull=False)
-    ).distinct()
-    return sum(1 for capacity_set in sets if policy_apply(capacity_set=capacity_set, now=now))
+    ).filter(
+        Q(applied_policy__isnull=True)
+        | Q(applied_policy__next_boundary__lte=now)
+        | ~Q(applied_policy__generation=F("generation"))
+    )
+    due = sets.distinct().order_by("pk")
+    return sum(1 for capacity_set in due if policy_apply(capacity_set=capacity_set, now=now))
 
 
 def _write_policy(capacity_set: CapacitySet, policy: calendar.Policy) -> list[str]:
-    """Write ``policy`` into the set's ``scheduled_*`` columns; what changed, in words."""
-    words = []
-    for pool in Pool.objects.filter(capacity_set=capacity_set).select_for_update().order_by("rank"):
+    """Write ``policy`` into the set's ``scheduled_*`` columns; what changed in force, in the
+    words of `calendar.Policy.differences` (the timeline's and the policy API's too)."""
+    pools = list(
+        Pool.objects.filter(capacity_set=capacity_set).select_for_update().order_by("rank")
+    )
+    deployments = list(
+        InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
+        .select_for_update(of=("self",))
+        .order_by("slug")
+    )
+    before = _in_force(pools, deployments, policy.at)
+    for pool in pools:
         rank = policy.ranks.get(pool.name, pool.rank)
         scheduled_rank = None if rank == pool.rank else rank
         in_force = (calendar.FLOOR_GPUS, pool.name) in policy.sources
         scheduled_floor = policy.floors[pool.name] if in_force else None
-        if (pool.scheduled_rank, pool.scheduled_floor_gpus) == (scheduled_rank, scheduled_floor):
-            continue
-        if pool.floor_in_force != (scheduled_floor if in_force else pool.floor_gpus):
-            new = scheduled_floor if in_force else pool.floor_gpus
-            words.append(f"pool {pool.name} floor {pool.floor_in_force} → {new} GPUs")
-        if pool.rank_in_force != rank:
-            words.append(f"pool {pool.name} rank {pool.rank_in_force} → {rank}")
-        pool.scheduled_rank, pool.scheduled_floor_gpus = scheduled_rank, scheduled_floor
-        pool.save(update_fields=["scheduled_rank", "scheduled_floor_gpus"])
-    deployments = InferenceDeployment.objects.filter(pool__capacity_set=capacity_set)
-    woken = []
-    for deployment in deployments.select_for_update(of=("self",)).order_by("slug"):
-        low_key = (calendar.MIN_REPLICAS, deployment.slug)
-        high_key = (calendar.MAX_REPLICAS, deployment.slug)
+        if (pool.scheduled_rank, pool.scheduled_floor_gpus) != (scheduled_rank, scheduled_floor):
+            pool.scheduled_rank, pool.scheduled_floor_gpus = scheduled_rank, scheduled_floor
+            pool.save(update_fields=["scheduled_rank", "scheduled_floor_gpus"])
+    for deployment in deployments:
         low, high = policy.replicas.get(
             deployment.slug, (deployment.min_replicas, deployment.max_replicas)
         )
         scheduled = (
-            low if low_key in policy.sources else None,
-            high if high_key in policy.sources else None,
+            low if (calendar.MIN_REPLICAS, deployment.slug) in policy.sources else None,
+            high if (calendar.MAX_REPLICAS, deployment.slug) in policy.sources else None,
         )
-        if (deployment.scheduled_min_replicas, deployment.scheduled_max_replicas) == scheduled:
-            continue
-        before = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
-        deployment.scheduled_min_replicas, deployment.scheduled_max_replicas = scheduled
-        after = (deployment.min_replicas_in_force, deployment.max_replicas_in_force)
-        deployment.save(update_fields=["scheduled_min_replicas", "scheduled_max_replicas"])
-        if before != after:
-            words.append(
-                f"deployment {deployment.slug} replicas {before[0]}-{before[1]} → "
-                f"{after[0]}-{after[1]}"
-            )
-            woken.append(deployment.slug)
-    for slug in woken:
-        # The autoscaler asks for the replicas a raised minimum needs (or lets go of those a
-        # lowered maximum leaves over) now, not at its next periodic run.
-        enqueue_on_commit("inference.wake", slug)
-    return words
+        if (deployment.scheduled_min_replicas, deployment.scheduled_max_replicas) != scheduled:
+            deployment.scheduled_min_replicas, deployment.scheduled_max_replicas = scheduled
+            deployment.save(update_fields=["scheduled_min_replicas", "scheduled_max_replicas"])
+    after = _in_force(pools, deployments, policy.at)
+    for slug in sorted(after.replicas):
+        if before.replicas[slug] != after.replicas[slug]:
+            # The autoscaler asks for the replicas a raised minimum needs (or lets go of those
+            # a lowered maximum leaves over) now, not at its next periodic run.
+            enqueue_on_commit("inference.wake", slug)
+    return before.differences(after)
 
 
-def _wake_at_next(schedule: SetSchedule, now: datetime) -> None:
-    following = schedule.next_boundary(now)
-    if following is not None:
-        wake_at("schedules.apply", schedule.capacity_set.pk, following)
+def _in_force(
+    pools: list[Pool], deployments: list[InferenceDeployment], at: datetime
+) -> calendar.Policy:
+    """What the rows hold in force, as a policy (to say what changed in `Policy`'s words)."""
+    return calendar.Policy(
+        at=at,
+        ranks={pool.name: pool.rank_in_force for pool in pools},
+        floors={pool.name: pool.floor_in_force for pool in pools},
+        replicas={d.slug: (d.min_replicas_in_force, d.max_replicas_in_force) for d in deployments},
+        sources={},
+    )
 
 
 def _read_changes(
@@ -320,49 +356,6 @@ def _write_changes(
         )
         for change in changes
     )
-
-
-def _override_times(
-    data: Mapping, now: datetime, problems: dict[str, str]
-) -> tuple[datetime | None, datetime]:
-    starts_at = _moment(data.get("starts_at"), "starts_at", problems)
-    expires_at = _moment(data.get("expires_at"), "expires_at", problems)
-    ttl = data.get("ttl_seconds")
-    if ttl is not None:
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 < ttl <= MAX_OVERRIDE_SECONDS:
-            problems["ttl_seconds"] = (
-                f"must be a whole number of seconds from 1 to {MAX_OVERRIDE_SECONDS}"
-            )
-        elif expires_at is not None:
-            problems["ttl_seconds"] = "give expires_at or ttl_seconds, not both"
-        else:
-            expires_at = (starts_at or now) + timedelta(seconds=ttl)
-    if expires_at is None and not {"expires_at", "ttl_seconds"} & problems.keys():
-        problems["expires_at"] = "an override must expire: give expires_at or ttl_seconds"
-    if expires_at is not None and "expires_at" not in problems:
-        if expires_at <= max(now, starts_at or now):
-            problems["expires_at"] = "must be in the future, after starts_at"
-        elif expires_at - (starts_at or now) > timedelta(seconds=MAX_OVERRIDE_SECONDS):
-            problems["expires_at"] = "an override may last at most 31 days"
-    return starts_at, expires_at or now
-
-
-def _moment(value: object, field: str, problems: dict[str, str]) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            moment = None
-        if moment is not None and moment.tzinfo is not None:
-            # The calendar reads on from a moment (a TTL, the days after): year 9999 has no after.
-            if datetime.min.replace(tzinfo=UTC) + _CALENDAR_MARGIN < moment < _CALENDAR_END:
-                return moment
-            problems[field] = "must be a time between the years 0002 and 9998"
-            return None
-    problems[field] = 'must be an ISO 8601 time with a time zone (e.g. "2026-12-01T20:00:00Z")'
-    return None
 
 
 def _entry_words(row: ScheduleEntry) -> dict:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import time
+from datetime import UTC, datetime, time, timedelta
 
 from gpucap.fleet.models import Pool
 from gpucap.inference.models import MAX_REPLICAS, InferenceDeployment
@@ -35,6 +35,10 @@ DEPLOYMENT_SETTINGS = (calendar.MIN_REPLICAS, calendar.MAX_REPLICAS)
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
 NAME_RULE = "must be 1-64 lowercase letters, digits and hyphens, not starting or ending with one"
+# The longest an override may last: a client that forgets one must not change policy for good.
+MAX_OVERRIDE_SECONDS = 31 * 24 * 3600
+_CALENDAR_MARGIN = timedelta(days=366)
+_CALENDAR_END = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,51 @@ def _count(value: object, field: str, most: int, problems: dict[str, str]) -> bo
         problems[field] = f"must be a whole number from 0 to {most}, got {value!r}"
         return False
     return True
+
+
+def read_override_times(
+    data: Mapping, now: datetime, problems: dict[str, str]
+) -> tuple[datetime | None, datetime]:
+    """An override's ``starts_at`` and ``expires_at`` (given, or ``ttl_seconds`` from its start
+    or ``now``), each problem named by its field."""
+    starts_at = _moment(data.get("starts_at"), "starts_at", problems)
+    expires_at = _moment(data.get("expires_at"), "expires_at", problems)
+    ttl = data.get("ttl_seconds")
+    if ttl is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 < ttl <= MAX_OVERRIDE_SECONDS:
+            problems["ttl_seconds"] = (
+                f"must be a whole number of seconds from 1 to {MAX_OVERRIDE_SECONDS}"
+            )
+        elif expires_at is not None:
+            problems["ttl_seconds"] = "give expires_at or ttl_seconds, not both"
+        else:
+            expires_at = (starts_at or now) + timedelta(seconds=ttl)
+    if expires_at is None and not {"expires_at", "ttl_seconds"} & problems.keys():
+        problems["expires_at"] = "an override must expire: give expires_at or ttl_seconds"
+    if expires_at is not None and "expires_at" not in problems:
+        if expires_at <= max(now, starts_at or now):
+            problems["expires_at"] = "must be in the future, after starts_at"
+        elif expires_at - (starts_at or now) > timedelta(seconds=MAX_OVERRIDE_SECONDS):
+            problems["expires_at"] = "an override may last at most 31 days"
+    return starts_at, expires_at or now
+
+
+def _moment(value: object, field: str, problems: dict[str, str]) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            moment = None
+        if moment is not None and moment.tzinfo is not None:
+            # The calendar reads on from a moment (a TTL, the days after): year 9999 has no after.
+            if datetime.min.replace(tzinfo=UTC) + _CALENDAR_MARGIN < moment < _CALENDAR_END:
+                return moment
+            problems[field] = "must be a time between the years 0002 and 9998"
+            return None
+    problems[field] = 'must be an ISO 8601 time with a time zone (e.g. "2026-12-01T20:00:00Z")'
+    return None
 
 
 def as_calendar_changes(specs: list[ChangeSpec]) -> tuple[calendar.Change, ...]:

@@ -76,14 +76,34 @@ def test_the_set_page_previews_the_next_24_hours_of_its_schedule(page, operator,
     expect(boundaries.nth(2)).to_contain_text('Override "launch" (set by olivia) expires')
     screenshot(page, "set-schedule-timeline")
     section.screenshot(path=str(SCREENS / "set-schedule-section.png"))
+    entries = section.locator("table.schedule-entries")
+    entries.screenshot(path=str(SCREENS / "set-schedule-entries.png"))
     assert not Plan.objects.exists(), "the preview stores nothing"
 
     page.set_viewport_size({"width": 390, "height": 844})
     expect(opening.locator("tr.victim-row")).to_have_count(2)
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the page scrolls sideways on a phone ({width}px)"
+    # The entries and overrides stack, each row a card: nothing scrolls sideways inside them.
+    for table in ("table.schedule-entries", "table.schedule-overrides"):
+        inner, box = overflow(page, table)
+        assert inner <= box, f"{table} scrolls sideways on a phone ({inner}px in {box}px)"
+    expect(entries.locator("#entry-evening-burst")).to_contain_text("evening-burst")
+    expect(entries.get_by_role("button", name="Delete")).to_be_visible()
     screenshot(page, "set-schedule-timeline-phone")
     section.screenshot(path=str(SCREENS / "set-schedule-section-phone.png"))
+    entries.screenshot(path=str(SCREENS / "set-schedule-entries-phone.png"))
+
+
+def overflow(page, selector: str) -> tuple[int, int]:
+    """The width of what the table's container holds, and of the container itself."""
+    return page.evaluate(
+        """(selector) => {
+            const box = document.querySelector(selector).parentElement;
+            return [box.scrollWidth, box.clientWidth];
+        }""",
+        selector,
+    )
 
 
 def test_an_entry_is_added_through_the_form_and_deleted_through_its_confirmation(

@@ -259,9 +259,9 @@ def test_the_beat_task_and_the_boundary_task_run_on_the_clock(h100, chat, operat
         end=f"{(now + timedelta(hours=1)):%H:%M}",
         time_zone="UTC",
     )
-    services.schedule_entry_save(capacity_set=h100, data=open_now, actor=operator, now=now)
-    InferenceDeployment.objects.filter(pk=chat.pk).update(scheduled_min_replicas=None)
-    Pool.objects.filter(name="h100-inference").update(scheduled_floor_gpus=None)
+    # Written two hours ago, before the window opened; its wake-up is lost.
+    earlier = now - timedelta(hours=2)
+    services.schedule_entry_save(capacity_set=h100, data=open_now, actor=operator, now=earlier)
 
     assert tasks.apply_due() == 1
     assert tasks.apply(h100.pk) == 0

@@ -15,6 +15,8 @@ from gpucap.plans import services as plans
 from gpucap.plans.models import Plan, PlanAction
 from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules import services as schedules
+from gpucap.schedules.models import AppliedPolicy
+from gpucap.schedules.selectors import set_schedule
 from tests.schedules.conftest import NOON, day_shift
 
 pytestmark = pytest.mark.django_db
@@ -147,3 +149,27 @@ def test_the_timeline_reads_the_fleet_once_whatever_the_number_of_boundaries(
 
     assert many[0] > few[0]
     assert many[1] == few[1]
+
+
+def test_an_entry_handing_over_to_another_with_the_same_values_is_no_boundary(
+    h100, full_set, operator
+):
+    """06:00-08:00 and then 08:00-20:00 keep inference's floor at 8: nothing changes at 08:00,
+    so the timeline leaves that moment out and no wake-up is sent for it."""
+    floor = {"pools": {"h100-inference": {"floor_gpus": 8}}}
+    early = {**day_shift(**floor), "name": "early", "start": "06:00", "end": "08:00"}
+    schedules.schedule_entry_save(capacity_set=h100, data=early, actor=operator, now=NOON)
+    schedules.schedule_entry_save(
+        capacity_set=h100, data=day_shift(**floor), actor=operator, now=NOON
+    )
+
+    found = future.timeline(h100, NOON)
+
+    thursday_six = NOON + timedelta(hours=23)  # Thu 06:00 in New York
+    assert [boundary.at for boundary in found] == [CLOSES, thursday_six]
+    assert [boundary.changes for boundary in found] == [
+        ["pool h100-inference floor 8 → 4 GPUs"],
+        ["pool h100-inference floor 4 → 8 GPUs"],
+    ]
+    assert set_schedule(h100).next_boundary(NOON) == CLOSES
+    assert AppliedPolicy.objects.get(capacity_set=h100).next_boundary == CLOSES

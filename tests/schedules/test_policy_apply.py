@@ -10,6 +10,7 @@ from gpucap.audit.models import AuditEvent
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.schedules import services
 from gpucap.schedules.models import PolicyOverride, ScheduleEntry
+from gpucap.schedules.selectors import set_schedule
 
 # Wednesday 2 December 2026, 12:00 UTC = 07:00 in New York.
 NOON = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -40,7 +41,10 @@ def test_a_window_opening_puts_its_values_in_force_once_and_audits_them(fleet_ea
     words = services.policy_apply(capacity_set=h100, now=opened)
 
     assert "pool h100-inference floor 4 → 8 GPUs" in words
-    assert "pool h100-spot rank 3 → 2" in words
+    assert (
+        "rank order h100-inference > h100-ondemand > h100-spot → "
+        "h100-inference > h100-spot > h100-ondemand"
+    ) in words
     inference.refresh_from_db()
     spot = Pool.objects.get(name="h100-spot")
     assert (inference.floor_in_force, inference.floor_gpus) == (8, 4)
@@ -56,6 +60,48 @@ def test_a_window_opening_puts_its_values_in_force_once_and_audits_them(fleet_ea
     )
     inference.refresh_from_db()
     assert inference.scheduled_floor_gpus is None
+
+
+@pytest.mark.django_db
+def test_the_audit_says_a_change_in_the_words_of_the_timeline(fleet_east, operator):
+    """One source of the words of a change (`calendar.Policy.differences`): what the audit log
+    records at a boundary is what the timeline and the policy API said it would be."""
+    h100 = fleet_east["sets"]["h100-east"]
+    services.schedule_entry_save(capacity_set=h100, data=DAY_SHIFT, actor=operator, now=NOON)
+    schedule = set_schedule(h100)
+    opened, closed = NOON + timedelta(hours=1), NOON + timedelta(hours=13)
+    said = schedule.policy_at(NOON).differences(schedule.policy_at(opened))
+    said_back = schedule.policy_at(opened).differences(schedule.policy_at(closed))
+
+    assert services.policy_apply(capacity_set=h100, now=opened) == said
+    assert services.policy_apply(capacity_set=h100, now=closed) == said_back
+    audited = AuditEvent.objects.filter(verb="policy.apply").order_by("pk")
+    assert [event.after["changes"] for event in audited] == [said, said_back]
+    assert audited[0].message == "; ".join(said)
+
+
+@pytest.mark.django_db
+def test_saving_an_entry_reads_the_schedule_once_whatever_it_holds(
+    fleet_east, operator, django_assert_num_queries
+):
+    """The conflict check, the row replaced and the apply share one read of the schedule."""
+    h100 = fleet_east["sets"]["h100-east"]
+    night = {**DAY_SHIFT, "name": "night", "start": "22:00", "end": "06:00"}
+    night.pop("rank_order")
+    services.schedule_entry_save(capacity_set=h100, data=night, actor=operator, now=NOON)
+
+    for queries in (25, 26):  # created, then replaced
+        with django_assert_num_queries(queries) as captured:
+            services.schedule_entry_save(
+                capacity_set=h100, data=DAY_SHIFT, actor=operator, now=NOON
+            )
+        reads = [
+            query["sql"]
+            for query in captured.captured_queries
+            if query["sql"].startswith('SELECT "schedules_scheduleentry"')
+        ]
+        assert len(reads) == 1
+    assert ScheduleEntry.objects.count() == 2
 
 
 @pytest.mark.django_db
