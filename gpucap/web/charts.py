@@ -69,13 +69,14 @@ def stacked_bars(
     digits: int = 1,
     width: int = WIDTH,
     height: int = HEIGHT,
+    least: float = 0,
 ) -> SafeString:
     """Stacked bars: ``series`` in order from the axis up, one bar per bucket."""
     series = [replace(s, values=[float(v) for v in s.values]) for s in series]
     frame = _Frame.of(series, buckets=buckets, width=width, height=height)
     totals = [sum(s.values[n] for s in series) for n in range(len(buckets))]
     peak = max(totals, default=0)
-    scale = frame.y_axis(peak)
+    scale = frame.y_axis(max(peak, least))
     parts = [
         frame.open(chart_id, title, unit, scale),
         frame.axis_y(unit, scale),
@@ -144,9 +145,11 @@ def step_lines(
     digits: int = 1,
     width: int = WIDTH,
     height: int = HEIGHT,
+    least: float = 0,
 ) -> SafeString:
     """Step lines over buckets, with an optional band and stacked ``bars`` behind them, all on
-    the left axis except the lines marked ``right`` (on a second axis in ``right_unit``).
+    the left axis except the lines marked ``right`` (on a second axis in ``right_unit``); the
+    left axis reaches ``least`` at least (4 keeps counts off fractional gridlines).
     ``tips`` is each bucket's tooltip. Each line's values are on its path as ``data-values``,
     one per bucket in the order of the columns' ``data-bucket``."""
     bars = [replace(s, values=[float(v) for v in s.values]) for s in bars]
@@ -156,7 +159,7 @@ def step_lines(
     right = [line for line in lines if line.right]
     totals = [sum(s.values[n] for s in bars) for n in range(len(buckets))]
     peak = max([*totals, *_values(left), *(band.high if band else ())], default=0)
-    scale = frame.y_axis(peak)
+    scale = frame.y_axis(max(peak, least))
     parts = [frame.open(chart_id, title, unit, scale), frame.axis_y(unit, scale)]
     right_scale = scale
     if right_unit:
@@ -165,12 +168,12 @@ def step_lines(
     parts.append(frame.columns(tips))
     if band:
         parts.append(frame.band(band, scale))
-    parts.append(frame.bars(bars, scale, unit=unit, digits=digits))
+    parts.append(frame.bars(bars, scale, unit=unit, digits=digits, titled=False))
     parts.append('<g class="lines" fill="none" stroke-linejoin="round">')
     for line in lines:
         parts.append(frame.line(line, right_scale if line.right else scale))
     parts.append("</g>")
-    parts.append(frame.axis_x())
+    parts.append(frame.axis_x(at_start=True))
     if peak <= 0 and max(_values(right), default=0) <= 0:
         parts.append(frame.empty(empty_text))
     parts.append("</svg>")
@@ -261,15 +264,18 @@ class _Frame:
         height = self.bottom - self.top
         for n, bucket in enumerate(self.buckets):
             parts.append(
-                f'<rect class="column" x="{LEFT + n * self.slot:.1f}" y="{self.top}" '
+                f'<rect x="{LEFT + n * self.slot:.1f}" y="{self.top}" '
                 f'width="{self.slot:.1f}" height="{height}" data-bucket={quoteattr(bucket.key)}>'
                 f"<title>{escape(tips[n])}</title></rect>"
             )
         parts.append("</g>")
         return "".join(parts)
 
-    def bars(self, series: Sequence[Series], scale, *, unit: str, digits: int) -> str:
-        """Stacked bars, one group per series, from the axis up."""
+    def bars(
+        self, series: Sequence[Series], scale, *, unit: str, digits: int, titled: bool = True
+    ) -> str:
+        """Stacked bars, one group per series, from the axis up; ``titled``: each with its own
+        tooltip (else the columns' tooltips name their values)."""
         pixels = scale[2]
         slot = self.slot
         # Wide bars stand apart; narrow ones (hours of a week) touch, and read as an area.
@@ -294,7 +300,7 @@ class _Frame:
                     f'<rect x="{LEFT + n * slot + gap / 2:.2f}" y="{y:.2f}" '
                     f'width="{bar_width:.2f}" height="{value * pixels:.2f}" '
                     f'data-bucket={quoteattr(bucket.key)} data-value="{value:.3f}">'
-                    f"<title>{escape(tip)}</title></rect>"
+                    + (f"<title>{escape(tip)}</title></rect>" if titled else "</rect>")
                 )
                 stacked[n] += value
             parts.append("</g>")
@@ -326,7 +332,8 @@ class _Frame:
         )
 
     def _steps(self, values: Sequence[float | None], pixels: float, *, backwards=False) -> str:
-        """A step path through ``values``: flat across each bucket, upright between them."""
+        """A step path through ``values``: flat across each bucket, upright between them (a
+        run of equal values is one flat stroke); None leaves a gap."""
         runs: list[list[str]] = []
         order = range(len(values) - 1, -1, -1) if backwards else range(len(values))
         previous = None
@@ -341,20 +348,23 @@ class _Frame:
             start, end = (x1, x0) if backwards else (x0, x1)
             if previous is None:
                 runs.append([f"M{start:.1f},{y:.1f}"])
-            elif previous != value:
+            elif previous == value:
+                runs[-1].pop()  # the flat stroke goes on to this bucket's end
+            else:
                 runs[-1].append(f"V{y:.1f}")
             runs[-1].append(f"H{end:.1f}")
             previous = value
         return " ".join("".join(run) for run in runs)
 
-    def axis_x(self) -> str:
-        """A baseline and the bucket ticks that fit."""
+    def axis_x(self, *, at_start: bool = False) -> str:
+        """A baseline and the bucket ticks that fit: under each bucket's middle (a day's bar),
+        or ``at_start``, on its left edge (a moment on a time axis)."""
         parts = [
             f'<g class="axis axis-x"><line class="baseline" x1="{LEFT}" '
             f'x2="{self.width - self.right}" y1="{self.bottom}" y2="{self.bottom}"/>'
         ]
         for n in thinned_ticks(self.buckets, self.plot_width):
-            x = LEFT + (n + 0.5) * self.slot
+            x = LEFT + (n if at_start else n + 0.5) * self.slot
             parts.append(
                 f'<line class="tick" x1="{x:.1f}" x2="{x:.1f}" y1="{self.bottom}" '
                 f'y2="{self.bottom + 4}"/><text x="{x:.1f}" y="{self.bottom + 16}" '
