@@ -31,6 +31,8 @@ from gpucap.web.charts import (
 )
 
 MAX_BUCKETS = 48
+# Counts' axes reach 4 at least, so a count of 1 or 2 is not drawn on fractional gridlines.
+COUNT_AXIS = 4
 # Bucket lengths a reader can count in, in seconds.
 ROUND_SECONDS = (60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 WIDTH = 660  # two columns of charts on a desktop page
@@ -65,17 +67,34 @@ class SimulationCharts:
 
 
 def simulation_charts(
-    result: Mapping, *, kinds: Mapping[str, str] | None = None, prefix: str = "sim"
+    result: Mapping,
+    *,
+    kinds: Mapping[str, str] | None = None,
+    prefix: str = "sim",
+    reach: Mapping[str, float] | None = None,
 ) -> SimulationCharts:
     """The charts of one result dict. ``kinds`` maps pool names to their kind (colours);
-    ``prefix`` keeps the charts' ids apart when two results share a page."""
+    ``prefix`` keeps the charts' ids apart when two results share a page; ``reach`` maps a
+    chart's id without its prefix (``pool-0``) to a value its axis must reach, so two runs'
+    twin charts share a scale."""
     timeline = Timeline.of(result)
+    reach = reach or {}
+
+    def least(name: str) -> float:
+        return max(COUNT_AXIS, reach.get(name, 0))
+
     steps = result["steps"]
     deployments = steps["deployments"]
     pools = sorted(steps["pools"].items(), key=lambda item: _first(item[1]["rank"], 0))
     return SimulationCharts(
         replicas=[
-            replicas_chart(timeline, slug, series, chart_id=f"{prefix}-replicas-{n}")
+            replicas_chart(
+                timeline,
+                slug,
+                series,
+                chart_id=f"{prefix}-replicas-{n}",
+                least=least(f"replicas-{n}"),
+            )
             for n, (slug, series) in enumerate(deployments.items())
         ],
         pools=[
@@ -85,12 +104,19 @@ def simulation_charts(
                 series,
                 kind=(kinds or {}).get(name, ""),
                 chart_id=f"{prefix}-pool-{n}",
+                least=least(f"pool-{n}"),
             )
             for n, (name, series) in enumerate(pools)
         ],
-        notices=notices_chart(result, chart_id=f"{prefix}-notices"),
+        notices=notices_chart(result, chart_id=f"{prefix}-notices", least=least("notices")),
         queues=[
-            queue_chart(timeline, slug, series, chart_id=f"{prefix}-queue-{n}")
+            queue_chart(
+                timeline,
+                slug,
+                series,
+                chart_id=f"{prefix}-queue-{n}",
+                least=least(f"queue-{n}"),
+            )
             for n, (slug, series) in enumerate(deployments.items())
         ],
     )
@@ -157,7 +183,9 @@ class Timeline:
         return folded
 
 
-def replicas_chart(timeline: Timeline, slug: str, series: Mapping, *, chart_id: str) -> Chart:
+def replicas_chart(
+    timeline: Timeline, slug: str, series: Mapping, *, chart_id: str, least: float = 4
+) -> Chart:
     """A deployment's replicas, ready and live, against its load, inside its range in force."""
     ready, live = timeline.last(series["ready"]), timeline.last(series["replicas"])
     low, high = timeline.last(series["min_replicas"]), timeline.last(series["max_replicas"])
@@ -181,7 +209,7 @@ def replicas_chart(timeline: Timeline, slug: str, series: Mapping, *, chart_id: 
             Line("load", "Load (right axis)", LOAD, load, right=True),
         ],
         tips=tips,
-        least=4,
+        least=least,
         width=WIDTH,
         height=HEIGHT,
         empty_text="No replica and no load in this run.",
@@ -194,7 +222,13 @@ def replicas_chart(timeline: Timeline, slug: str, series: Mapping, *, chart_id: 
 
 
 def pool_chart(
-    timeline: Timeline, name: str, series: Mapping, *, kind: str, chart_id: str
+    timeline: Timeline,
+    name: str,
+    series: Mapping,
+    *,
+    kind: str,
+    chart_id: str,
+    least: float = 4,
 ) -> Chart:
     """A pool's GPUs held against its floor in force, and the GPUs asked for and pending."""
     held, floor = timeline.last(series["held_gpus"]), timeline.last(series["floor_gpus"])
@@ -217,7 +251,7 @@ def pool_chart(
             Line("floor", "Floor in force", FLOOR, floor, dashed=True),
         ],
         tips=tips,
-        least=4,
+        least=least,
         width=WIDTH,
         height=HEIGHT,
         empty_text="This pool held no GPU in this run.",
@@ -226,7 +260,7 @@ def pool_chart(
     return Chart(chart_id, title, caption, svg)
 
 
-def notices_chart(result: Mapping, *, chart_id: str) -> Chart:
+def notices_chart(result: Mapping, *, chart_id: str, least: float = 4) -> Chart:
     """Notices issued and spot VMs resumed, per UTC hour."""
     steps = result["steps"]
     hours: dict[datetime, list[int]] = {}
@@ -254,7 +288,7 @@ def notices_chart(result: Mapping, *, chart_id: str) -> Chart:
             Series("resumes", "Spot VMs resumed", RESUMES, [c[1] for c in hours.values()]),
         ],
         digits=0,
-        least=4,
+        least=least,
         width=WIDTH,
         height=HEIGHT,
         empty_text="No notice and no resume in this run.",
@@ -262,7 +296,9 @@ def notices_chart(result: Mapping, *, chart_id: str) -> Chart:
     return Chart(chart_id, title, "Counted per UTC hour.", svg)
 
 
-def queue_chart(timeline: Timeline, slug: str, series: Mapping, *, chart_id: str) -> Chart:
+def queue_chart(
+    timeline: Timeline, slug: str, series: Mapping, *, chart_id: str, least: float = 4
+) -> Chart:
     """A deployment's queue, and the requests that waited too long or were refused."""
     queue = timeline.most(series["queue"])
     late, refused = timeline.most(series["over_threshold"]), timeline.most(series["refused"])
@@ -283,7 +319,7 @@ def queue_chart(timeline: Timeline, slug: str, series: Mapping, *, chart_id: str
         ],
         lines=[Line("queue", "Queued", QUEUE, queue)],
         tips=tips,
-        least=4,
+        least=least,
         width=WIDTH,
         height=HEIGHT,
         digits=0,

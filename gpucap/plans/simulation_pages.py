@@ -11,6 +11,7 @@ a name only: it has no ``pk``, and the template links nothing. No query here.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -84,15 +85,25 @@ def simulation_compared(
     differences: Sequence[Mapping] | None = None,
     kinds: Mapping[str, str] | None = None,
 ) -> SimulationCompared:
+    # Twin charts share a scale: drawn once to learn each axis's reach, then again to it.
+    reach: dict[str, float] = {}
+    for prefix, run in (("today", result), ("edited", variant)):
+        for chart in simulation_charts(run, kinds=kinds, prefix=prefix).all:
+            name = chart.chart_id.removeprefix(f"{prefix}-")
+            reach[name] = max(reach.get(name, 0), _axis_max(chart.svg))
     return SimulationCompared(
-        today=simulation_shown(result, kinds=kinds, prefix="today"),
-        edited=simulation_shown(variant, kinds=kinds, prefix="edited"),
+        today=simulation_shown(result, kinds=kinds, prefix="today", reach=reach),
+        edited=simulation_shown(variant, kinds=kinds, prefix="edited", reach=reach),
         differences=difference_rows(result, variant, differences=differences),
     )
 
 
 def simulation_shown(
-    result: Mapping, *, kinds: Mapping[str, str] | None = None, prefix: str = "sim"
+    result: Mapping,
+    *,
+    kinds: Mapping[str, str] | None = None,
+    prefix: str = "sim",
+    reach: Mapping[str, float] | None = None,
 ) -> SimulationShown:
     """One result as the page shows it. ``kinds``: pool name -> kind, for colours and badges."""
     kinds = kinds or {}
@@ -115,7 +126,7 @@ def simulation_shown(
         )
     return SimulationShown(
         figures=list(result["figures"]),
-        charts=simulation_charts(result, kinds=kinds, prefix=prefix),
+        charts=simulation_charts(result, kinds=kinds, prefix=prefix, reach=reach),
         worst=worst,
     )
 
@@ -149,6 +160,12 @@ def _row(difference: Mapping, before: list[dict], after: list[dict]) -> Differen
         elif new_value > old_value:
             direction = "worse"
     return DifferenceRow(label, difference["before"], difference["after"], direction)
+
+
+def _axis_max(svg: str) -> float:
+    """The top of a chart's (left) axis, as its root's ``data-max`` says ("1,200")."""
+    found = re.search(r'data-max="([0-9.,]+)"', svg)
+    return float(found.group(1).replace(",", "")) if found else 0.0
 
 
 def _value(figure: Mapping) -> float:

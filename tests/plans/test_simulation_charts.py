@@ -198,6 +198,11 @@ def test_the_comparison_shows_each_difference_before_and_after_and_which_way_it_
     assert html.count("<svg") == 12
     assert html.index('id="today-notices"') < html.index('id="edited-notices"')
     assert html.index('id="edited-replicas-0"') < html.index('id="today-notices"')
+    # Twins share a scale: chat's pool held 12 GPUs today and only 4 (8 pending) when edited,
+    # and both charts go up to 15.
+    scales = dict(re.findall(r'<svg [^>]*id="([\w-]+)"[^>]*data-max="([\d,.]+)"', html))
+    assert scales["today-pool-0"] == scales["edited-pool-0"] == "15"
+    assert scales["today-notices"] == scales["edited-notices"]
     # Without stored differences, the figures that differ are found the same.
     del context["differences"]
     again = render_to_string("plans/simulation_comparison.html", context)
