@@ -1,4 +1,5 @@
-"""The frame of a server-side SVG chart (``gpucap.web.charts``): its plot area, axes, columns
+"""The parts of a server-side SVG chart (``gpucap.web.charts``): what is drawn (series of bars,
+step lines, bands, over buckets), and the frame that draws them: its plot area, axes, columns
 with tooltips, stacked bars, step lines and bands, in SVG user units; and the axis arithmetic."""
 
 from __future__ import annotations
@@ -6,15 +7,49 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape, quoteattr
-
-if TYPE_CHECKING:
-    from gpucap.web.charts import Band, Bucket, Line, Series
 
 FONT = 11
 LEFT, RIGHT, BOTTOM = 56, 12, 30
 RIGHT_AXIS = 52  # the right margin when a second axis is drawn there
+
+
+@dataclass(frozen=True)
+class Series:
+    key: str  # machine-readable (data-series)
+    label: str
+    colour: str  # any CSS colour, var() included
+    values: Sequence[float]  # one per bucket
+
+
+@dataclass(frozen=True)
+class Bucket:
+    key: str  # machine-readable (data-bucket): 2026-11-02, 2026-11-02T10:00Z
+    tick: str  # text under the axis; "" for none (ticks are thinned to fit anyway)
+    title: str  # the bucket as the tooltip names it
+
+
+@dataclass(frozen=True)
+class Line:
+    """A step line: each bucket's value drawn flat across the bucket; None draws nothing."""
+
+    key: str
+    label: str
+    colour: str
+    values: Sequence[float | None]
+    dashed: bool = False
+    right: bool = False  # measured on the right axis
+
+
+@dataclass(frozen=True)
+class Band:
+    """A shaded range between two step lines (the replicas allowed: min to max)."""
+
+    key: str
+    label: str
+    colour: str
+    low: Sequence[float]
+    high: Sequence[float]
 
 
 @dataclass

@@ -15,7 +15,22 @@ from xml.sax.saxutils import escape, quoteattr
 
 from django.utils.safestring import SafeString, mark_safe
 
-from gpucap.web.chart_frame import LEFT, RIGHT, Frame, number
+from gpucap.web.chart_frame import LEFT, RIGHT, Band, Bucket, Frame, Line, Series, number
+
+# What a chart is drawn from lives with the frame; the pages import it from here.
+__all__ = [
+    "Band",
+    "Bucket",
+    "Chart",
+    "Line",
+    "Series",
+    "hour_tick",
+    "legend",
+    "number",
+    "stacked_bars",
+    "step_lines",
+    "top_series",
+]
 
 # The GPU grid's colours for GPUs held by each pool kind, with the same values as fallbacks.
 KIND_COLOURS = {
@@ -39,21 +54,6 @@ HEIGHT = 230
 LEGEND_LINE = 16
 # Roughly how wide a character of the chart's font is, to lay the legend out in lines.
 CHAR_WIDTH = 6.2
-
-
-@dataclass(frozen=True)
-class Series:
-    key: str  # machine-readable (data-series)
-    label: str
-    colour: str  # any CSS colour, var() included
-    values: Sequence[float]  # one per bucket
-
-
-@dataclass(frozen=True)
-class Bucket:
-    key: str  # machine-readable (data-bucket): 2026-11-02, 2026-11-02T10:00Z
-    tick: str  # text under the axis; "" for none (ticks are thinned to fit anyway)
-    title: str  # the bucket as the tooltip names it
 
 
 def stacked_bars(
@@ -103,29 +103,6 @@ class Chart:
     title: str
     caption: str
     svg: SafeString
-
-
-@dataclass(frozen=True)
-class Line:
-    """A step line: each bucket's value drawn flat across the bucket; None draws nothing."""
-
-    key: str
-    label: str
-    colour: str
-    values: Sequence[float | None]
-    dashed: bool = False
-    right: bool = False  # measured on the right axis
-
-
-@dataclass(frozen=True)
-class Band:
-    """A shaded range between two step lines (the replicas allowed: min to max)."""
-
-    key: str
-    label: str
-    colour: str
-    low: Sequence[float]
-    high: Sequence[float]
 
 
 def step_lines(
