@@ -30,7 +30,7 @@ every change of which plan is proposed (made, superseded, applied, refused) has
 import hashlib
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -326,7 +326,7 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
                 node=nodes[placement.node],
                 gpus=list(placement.gpus),
                 group=demands[placement.demand].group,
-                reason=_placement_words(placement),
+                reason=placement_words(placement.preempts),
             )
         )
     for position, preemption in enumerate(result.preemptions):
@@ -357,10 +357,11 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
     return actions
 
 
-def _placement_words(placement: am.Placement) -> str:
-    if not placement.preempts:
+def placement_words(preempts: Sequence[str]) -> str:
+    """How a placement gets its GPUs, as a plan's line says it (also for simulated plans)."""
+    if not preempts:
         return "free GPUs"
-    return f"GPUs freed by {', '.join(placement.preempts)}"
+    return f"GPUs freed by {', '.join(preempts)}"
 
 
 # --- applying a plan -----------------------------------------------------------------------------
