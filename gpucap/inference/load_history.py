@@ -12,7 +12,10 @@ of every deployment that Redis still holds:
   with its last second has been counted.
 - A run that came late finds the first seconds of a minute gone: the row says how many
   seconds it covers (``seconds``), and a minute wholly gone has no row. A gap stays a gap,
-  never a zero; a minute with no request that the recorder saw is a zero row.
+  never a zero; a minute with no request that the recorder saw is a zero row. A minute is
+  read whole by a run 62 to 118 s after it began; a beat that ticks within 2 s of the minute's
+  turn reads each minute a few seconds short (the row says so, and its rate is requests over
+  the seconds seen).
 - Rows are inserted with ``ignore_conflicts`` on (deployment, minute): a second run, a retry
   or two workers at once write nothing twice, and the first (fullest) reading of a minute wins.
 

@@ -132,7 +132,9 @@ def test_deployments_without_history_are_left_out_and_named(fleet_east, deployme
 
 
 @pytest.mark.django_db
-def test_pools_get_vm_requests_per_hour_from_their_rentals(fleet_east, deployments, tenant):
+def test_pools_get_vm_requests_per_hour_from_their_rentals(
+    fleet_east, deployments, tenant, django_assert_num_queries
+):
     spot = fleet_east["pools"]["h100-spot"]
     hour = timedelta(hours=1)
     rental(spot, tenant, created=DAY1 + 10 * hour, ran=2 * hour)
@@ -142,7 +144,8 @@ def test_pools_get_vm_requests_per_hour_from_their_rentals(fleet_east, deploymen
     rental(spot, tenant, created=DAY2 + 3 * hour + timedelta(minutes=1))
     minutes(deployments["chat"], NOW - hour, 1, 60)
 
-    profile = recorded_profile(fleet_east["sets"]["h100-east"], days=2, now=NOW, fold="day")
+    with django_assert_num_queries(3):  # deployments, their minutes, the pools' VMs
+        profile = recorded_profile(fleet_east["sets"]["h100-east"], days=2, now=NOW, fold="day")
     replay = recorded_profile(fleet_east["sets"]["h100-east"], days=2, now=NOW, fold="replay")
 
     pool = profile["pools"]["h100-spot"]
