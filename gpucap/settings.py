@@ -269,6 +269,9 @@ INFERENCE_PROBE_SECONDS = env_int("INFERENCE_PROBE_SECONDS", 5, minimum=1)
 # How often the router's record of each API key's last use is copied to the key (its "Last
 # used" on the pages and in the API): a key used just now reads as before for up to this long.
 INFERENCE_KEYS_FLUSH_SECONDS = env_int("INFERENCE_KEYS_FLUSH_SECONDS", 60, minimum=1)
+# Minutes of each deployment's load kept (gpucap/inference/load_history.py): the longest window a
+# recorded load profile can replay.
+LOAD_HISTORY_DAYS = env_int("LOAD_HISTORY_DAYS", 30, minimum=1)
 INFERENCE_PROBE_TIMEOUT_SECONDS = env_int("INFERENCE_PROBE_TIMEOUT_SECONDS", 2, minimum=1)
 INFERENCE_PROBE_FAILURES = env_int("INFERENCE_PROBE_FAILURES", 3, minimum=1)
 INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
@@ -321,6 +324,13 @@ CELERY_BEAT_SCHEDULE = {
     "inference-keys-flush": {
         "task": "inference.keys_flush",
         "schedule": float(INFERENCE_KEYS_FLUSH_SECONDS),
+    },
+    # The router's per-second request counters live two minutes in Redis; each minute is kept
+    # (gpucap/inference/load_history.py). A late run loses only what Redis already let go.
+    "inference-load-record": {
+        "task": "inference.load_record",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
     },
     # Usage records are made once their period or interval has ended (gpucap.usage).
     "usage-record": {

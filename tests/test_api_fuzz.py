@@ -61,6 +61,7 @@ BEYOND_THE_SCHEMA = [
     ("PUT", "/api/capacity-sets/{id}/schedule/{name}/"),
     ("POST", "/api/capacity-sets/{id}/overrides/"),
     ("GET", "/api/capacity-sets/{id}/policy/"),
+    ("GET", "/api/capacity-sets/{id}/load-profile/"),  # days up to LOAD_HISTORY_DAYS
     ("POST", "/api/clusters/"),
     ("PATCH", "/api/clusters/{id}/"),
     ("POST", "/api/deployments/"),

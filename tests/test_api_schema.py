@@ -59,6 +59,7 @@ ENDPOINTS = {
     "/api/capacity-sets/{id}/overrides/": {"get", "post"},
     "/api/capacity-sets/{id}/overrides/{name}/": {"get", "delete"},
     "/api/capacity-sets/{id}/policy/": {"get"},
+    "/api/capacity-sets/{id}/load-profile/": {"get"},
     "/api/deployments/": {"get", "post"},
     "/api/deployments/{id}/": {"get", "patch"},
     "/api/api-keys/": {"get", "post"},

@@ -13,7 +13,11 @@ from gpucap.fleet.api import (
     NodeViewSet,
     PoolViewSet,
 )
-from gpucap.inference.api import ApiKeyViewSet, InferenceDeploymentViewSet
+from gpucap.inference.api import (
+    ApiKeyViewSet,
+    CapacitySetLoadProfileView,
+    InferenceDeploymentViewSet,
+)
 from gpucap.notices.api import (
     CapacitySetDrainView,
     NodeDrainBlockersView,
@@ -106,6 +110,11 @@ urlpatterns = [
         "capacity-sets/<int:id>/policy/",
         CapacitySetPolicyView.as_view(),
         name="api-capacity-set-policy",
+    ),
+    path(
+        "capacity-sets/<int:id>/load-profile/",
+        CapacitySetLoadProfileView.as_view(),
+        name="api-capacity-set-load-profile",
     ),
     path("usage/", UsageView.as_view(), name="api-usage"),
     *router.urls,

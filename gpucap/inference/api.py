@@ -1,4 +1,6 @@
-"""REST API for inference: ``/api/deployments/`` and ``/api/api-keys/``.
+"""REST API for inference: ``/api/deployments/`` and ``/api/api-keys/``, and a capacity set's
+load profile recorded from the router's counters (``/api/capacity-sets/<id>/load-profile/``,
+operators only).
 
 Tenant-scoped like the VM API: a member lists and acts on their own tenants' deployments and
 keys, and another tenant's id answers 404 as if it did not exist; operators see everything.
@@ -9,17 +11,18 @@ nowhere else, ever: lists and reads show only its prefix.
 """
 
 import redis
+from django.conf import settings
 from django.db.models import Prefetch
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from gpucap.api.base import InputSerializer, ServiceWrites
-from gpucap.fleet.models import Pool
-from gpucap.inference import cache, selectors, services
+from gpucap.api.base import InputSerializer, OperatorCommand, ServiceWrites
+from gpucap.fleet.models import CapacitySet, Pool
+from gpucap.inference import cache, load_profile, selectors, services
 from gpucap.inference.filters import ApiKeyFilter, InferenceDeploymentFilter
 from gpucap.inference.models import ApiKey, InferenceDeployment, Readiness, replica_routable
 from gpucap.rentals.models import VirtualMachine
@@ -592,3 +595,71 @@ class ApiKeyViewSet(
         tenant_change_check(request.user, api_key.tenant_id)
         api_key = services.api_key_revoke(api_key=api_key, actor=request.user)
         return Response(self.read(api_key))
+
+
+# --- recorded load profile --------------------------------------------------------------------
+
+
+class LoadProfileQuerySerializer(InputSerializer):
+    days = serializers.IntegerField(
+        min_value=1,
+        help_text="How many days before now to record from: 1 to LOAD_HISTORY_DAYS (30 unless "
+        "set otherwise), the days the history keeps.",
+    )
+    fold = serializers.ChoiceField(
+        choices=load_profile.FOLDS,
+        default="day",
+        help_text="day: folded into one day by time of day (10-minute buckets, the mean over "
+        "the days), starting at now's time of day; replay: the days as they were, time 0 being "
+        "now minus `days`.",
+    )
+
+    def validate_days(self, days: int) -> int:
+        if days > settings.LOAD_HISTORY_DAYS:
+            raise ValidationError(
+                f"must be {settings.LOAD_HISTORY_DAYS} or less: the history keeps "
+                f"{settings.LOAD_HISTORY_DAYS} days (LOAD_HISTORY_DAYS)"
+            )
+        return days
+
+
+class LoadProfileSerializer(serializers.Serializer):
+    deployments = serializers.DictField(
+        child=serializers.DictField(),
+        help_text="Per deployment slug: {shape, points: [[seconds_from_start, requests/s]], "
+        "service_seconds}.",
+    )
+    pools = serializers.DictField(
+        child=serializers.DictField(),
+        help_text="Per spot or on-demand pool name: {shape, points: [[seconds_from_start, "
+        "VMs/hour]], gpus_per_vm, duration_seconds, tenant}.",
+    )
+    notes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What was missing or assumed, one sentence each (the simulator ignores them).",
+    )
+
+
+class CapacitySetLoadProfileView(OperatorCommand):
+    @extend_schema(
+        parameters=[LoadProfileQuerySerializer],
+        responses=LoadProfileSerializer,
+        operation_id="capacity_sets_load_profile_retrieve",
+    )
+    def get(self, request, id: int):
+        """A load profile of the set recorded from what really happened: its deployments'
+        requests per second from the router's own counters (kept by the minute), its spot and
+        on-demand pools' VM requests from their rentals, over the last `days` days. The JSON
+        form `POST .../simulate/` and `manage.py simulate` read. Nothing is changed."""
+        capacity_set = CapacitySet.objects.filter(pk=id).first()
+        if capacity_set is None:
+            raise NotFound(f"no capacity set {id}")
+        query = LoadProfileQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        profile = load_profile.recorded_profile(
+            capacity_set,
+            days=query.validated_data["days"],
+            now=timezone.now(),
+            fold=query.validated_data["fold"],
+        )
+        return Response(profile)

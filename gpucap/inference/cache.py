@@ -20,7 +20,8 @@ Counters the router keeps (and the autoscaler and pages read), per deployment sl
 - ``gpucap:inference:inflight:<slug>``: hash replica id -> requests in flight;
 - ``gpucap:inference:queued:<slug>``: requests waiting for a replica;
 - ``gpucap:inference:requests:<slug>:<epoch second>``: requests sent to a replica in that
-  second (counted when the router sends one; TTL);
+  second (counted when the router sends one; expires ``REQUESTS_TTL_SECONDS`` after; the load
+  recorder, gpucap/inference/load_history.py, keeps them by the minute);
 - ``gpucap:inference:failing:<slug>``: sorted set replica id -> until when (epoch seconds) the
   router avoids it, after a connection to it failed;
 - ``gpucap:inference:used:<prefix>``: epoch seconds a key was last used (flushed to the
@@ -45,6 +46,9 @@ from gpucap.redis_clients import inference_redis
 from gpucap.rentals.models import VirtualMachine
 
 PREFIX = "gpucap:inference:"
+# The per-second request counters outlive every window that reads them: the pages' and the
+# autoscaler's last seconds, and the load recorder's closed minutes (load_history.py).
+REQUESTS_TTL_SECONDS = 120
 
 
 def route_key(slug: str) -> str:

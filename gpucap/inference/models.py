@@ -241,3 +241,42 @@ def readiness_label(probe: ReplicaProbe | None) -> str:
         failed = probe.consecutive_failures
         return f"ready ({failed} probe{'s' if failed > 1 else ''} failed: {probe.last_error})"
     return status.label
+
+
+class LoadMinute(models.Model):
+    """One minute of a deployment's load, kept from the router's per-second counters (which
+    Redis forgets after two minutes) by ``inference.load_record`` (gpucap/inference/
+    load_history.py), for load profiles recorded from what really happened (issue 21).
+
+    A minute the recorder never saw has no row: a gap, never a zero. A minute it saw only in
+    part (it ran late and Redis had already let the first seconds go) says how many seconds it
+    covers, so its rate is ``requests / seconds`` over what was seen."""
+
+    deployment = models.ForeignKey(
+        InferenceDeployment, on_delete=models.CASCADE, related_name="load_minutes"
+    )
+    minute = models.DateTimeField(help_text="The minute's start, UTC, a whole minute.")
+    requests = models.PositiveIntegerField(help_text="Requests sent to a replica in the minute.")
+    seconds = models.PositiveSmallIntegerField(
+        default=60, help_text="Seconds of the minute the counters covered (60: all of it)."
+    )
+    in_flight_sampled = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Requests in flight when the recorder read this minute, just after it ended "
+        "(for a mean service time by Little's law); empty on minutes read together with a "
+        "later one.",
+    )
+
+    class Meta:
+        ordering = ["deployment", "minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "minute"], name="load_minute_once"),
+            models.CheckConstraint(
+                condition=Q(seconds__gte=1) & Q(seconds__lte=60), name="load_minute_seconds_range"
+            ),
+        ]
+        indexes = [models.Index(fields=["minute"], name="load_minute_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} {self.minute:%Y-%m-%d %H:%M}: {self.requests}"

@@ -10,12 +10,16 @@ at once or to miss once (the next run catches up).
   (`gpucap.inference.probe`);
 - ``inference.resync`` (every minute): the router's route and key documents rebuilt from the
   database, so a lost publish heals;
-- ``inference.keys_flush`` (every minute): the router's last-used times copied to the keys.
+- ``inference.keys_flush`` (every minute): the router's last-used times copied to the keys;
+- ``inference.load_record`` (every minute): the router's per-second request counters kept by
+  the minute before Redis forgets them, and minutes past ``LOAD_HISTORY_DAYS`` pruned
+  (`gpucap.inference.load_history`).
 """
 
 from celery import shared_task
+from django.utils import timezone
 
-from gpucap.inference import autoscaler, cache, probe, services
+from gpucap.inference import autoscaler, cache, load_history, probe, services
 
 
 @shared_task(name="inference.autoscale")
@@ -50,3 +54,10 @@ def resync() -> int:
 @shared_task(name="inference.keys_flush")
 def keys_flush() -> int:
     return services.api_keys_used_flush()
+
+
+@shared_task(name="inference.load_record")
+def load_record() -> dict[str, int]:
+    """Returns how many minutes were offered (a minute kept already is not written twice), for
+    how many deployments, and how many old minutes were pruned."""
+    return load_history.load_record(now=timezone.now()).as_dict()

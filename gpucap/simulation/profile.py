@@ -15,6 +15,9 @@ point's rate. The JSON form::
      "pools": {"spot": {"points": [[0, 6]], "gpus_per_vm": 8, "duration_seconds": 7200,
                         "tenant": "acme"}}}
 
+A top-level ``"notes"`` (a list of sentences, as a profile recorded from the router's counters
+carries: gpucap/inference/load_profile.py) is accepted and ignored.
+
 A deployment's rate is requests per second, each served in ``service_seconds`` by one of a
 replica's ``replica_concurrency`` slots. A pool's rate is VMs asked for per hour, each of
 ``gpus_per_vm`` GPUs, ending ``duration_seconds`` after it starts running.
@@ -142,6 +145,7 @@ class _PoolIn(_Strict):
 class _ProfileIn(_Strict):
     deployments: dict[str, _DeploymentIn] = {}
     pools: dict[str, _PoolIn] = {}
+    notes: list[str] = []  # what a recorded profile says about itself; the simulation ignores it
 
 
 # --- readers ------------------------------------------------------------------------------------

@@ -156,6 +156,7 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/tenants/<pk>/members/<membership_id>/",
         "/api/capacity-sets/<id>/schedule/<name>/",
         "/api/capacity-sets/<id>/overrides/<name>/",
+        "/api/capacity-sets/<id>/load-profile/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)
