@@ -57,7 +57,7 @@ def changes_apply(start: SimulationStart, changes: object) -> SimulationStart:
             problems[f"changes.{key}"] = f"is not a part of the changes: {', '.join(SECTIONS)}"
     snapshot = start.snapshot
     pools = {pool.name: pool for pool in snapshot.pools}
-    set_gpus = sum(len(node.gpus) for node in snapshot.nodes)
+    set_gpus = sum(node.gpus for node in snapshot.nodes)
     pool_values = _section(changes.get("pools"), "pools", pools, POOL_FIELDS, problems)
     for name, values in pool_values.items():
         for field, value in values.items():
@@ -163,7 +163,7 @@ def _schedule(
         return None
     pools = {pool.name: _Named(pool.name, pool.name) for pool in start.snapshot.pools}
     deployments = {slug: _Named(slug, slug) for slug in start.deployments}
-    set_gpus = sum(len(node.gpus) for node in start.snapshot.nodes)
+    set_gpus = sum(node.gpus for node in start.snapshot.nodes)
     entries: list[calendar.Entry] = []
     names: set[str] = set()
     for index, data in enumerate(value):
