@@ -193,15 +193,7 @@ def simulations_recover() -> int:
     ``SIMULATION_STALE_SECONDS``) or whose message was (queued that long); fail those that
     used up their claims. Returns how many were sent."""
     stale = timezone.now() - timedelta(seconds=settings.SIMULATION_STALE_SECONDS)
-    SimulationRun.objects.filter(
-        state=SimulationRun.State.RUNNING,
-        heartbeat_at__lt=stale,
-        attempts__gte=settings.SIMULATION_MAX_ATTEMPTS,
-    ).update(
-        state=SimulationRun.State.FAILED,
-        finished_at=timezone.now(),
-        error=f"its worker was lost {settings.SIMULATION_MAX_ATTEMPTS} times; not tried again",
-    )
+    _give_up(SimulationRun.objects.all(), stale)
     lost = list(
         SimulationRun.objects.filter(
             Q(state=SimulationRun.State.RUNNING, heartbeat_at__lt=stale)
@@ -289,10 +281,24 @@ def _claim(run_id: int) -> int | None:
 
 def _why_not(run_id: int) -> Outcome:
     state = SimulationRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
-    if state == SimulationRun.State.RUNNING:
-        simulations_recover()  # used up its claims: failed now rather than never
-        return Outcome.BUSY
-    return Outcome.NOTHING
+    if state != SimulationRun.State.RUNNING:
+        return Outcome.NOTHING
+    stale = timezone.now() - timedelta(seconds=settings.SIMULATION_STALE_SECONDS)
+    # Lost with every claim used up: failed now, rather than running for ever.
+    _give_up(SimulationRun.objects.filter(pk=run_id), stale)
+    return Outcome.BUSY
+
+
+def _give_up(runs, stale) -> int:
+    return runs.filter(
+        state=SimulationRun.State.RUNNING,
+        heartbeat_at__lt=stale,
+        attempts__gte=settings.SIMULATION_MAX_ATTEMPTS,
+    ).update(
+        state=SimulationRun.State.FAILED,
+        finished_at=timezone.now(),
+        error=f"its worker was lost {settings.SIMULATION_MAX_ATTEMPTS} times; not tried again",
+    )
 
 
 class _Lost(Exception):

@@ -2,9 +2,13 @@
 the queued run, a worker carries it out, the set's list and the run's detail show progress,
 figures and the comparison. Operators only. The set is tests/plans/test_simulation_runs.py's."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from gpucap.celery import app
+from gpucap.plans import simulation_runs
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import simulation_carry_out
 from tests.inference import conftest as inference_fixtures
@@ -162,3 +166,45 @@ def test_a_real_worker_carries_out_a_posted_run(operator_api, h100, workers):
     assert body["state"] == "done", body["error"]
     assert body["progress"] == 1.0
     assert "h100-spot notices/day 24 → 0" in [d["text"] for d in body["differences"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_worker_is_killed_is_finished_by_another(operator_api, h100, workers, settings):
+    settings.SIMULATION_STALE_SECONDS = 1  # the recovery, here; the workers are told below
+    first = workers(SIMULATION_STALE_SECONDS="1")
+    response = operator_api.post(
+        f"/api/capacity-sets/{h100.pk}/simulate/",
+        {"profile": LOAD, "hours": 168, "changes": NO_CHAT},
+        format="json",
+    )
+    run_id = response.json()["id"]
+    total = response.json()["steps_total"]
+
+    wait_for(
+        lambda: SimulationRun.objects.filter(pk=run_id, steps_done__gt=0).exists(),
+        timeout=60,
+        what="the first worker to show progress",
+        log=first.log,
+    )
+    first.kill()
+    lost = SimulationRun.objects.get(pk=run_id)
+    assert lost.state == "running" and lost.steps_done < total
+
+    second = workers(SIMULATION_STALE_SECONDS="1")
+    wait_for(
+        lambda: SimulationRun.objects.filter(
+            pk=run_id, heartbeat_at__lt=timezone.now() - timedelta(seconds=1)
+        ).exists(),
+        timeout=10,
+        what="the lost claim to go stale",
+    )
+    assert simulation_runs.simulations_recover() == 1
+    wait_for(
+        lambda: SimulationRun.objects.filter(pk=run_id, state__in=["done", "failed"]).exists(),
+        timeout=120,
+        what="the second worker to finish the run",
+        log=second.log,
+    )
+    done = SimulationRun.objects.get(pk=run_id)
+    assert (done.state, done.attempts, done.steps_done) == ("done", 2, total), done.error
+    assert "h100-spot notices/day" in {d["label"] for d in done.differences}
