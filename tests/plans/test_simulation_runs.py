@@ -24,6 +24,7 @@ from gpucap.plans import simulation_runs
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import Outcome, simulation_carry_out, simulation_request
 from gpucap.rentals.models import VirtualMachine
+from gpucap.schedules import services as schedules
 from tests.inference import conftest as inference_fixtures
 from tests.plans import conftest as plans_fixtures
 from tests.plans import test_simulate_command as command_tests
@@ -391,3 +392,30 @@ def test_the_command_stores_a_run_with_store_and_prints_its_id(h100, sent, tmp_p
     assert out.getvalue().startswith(f"simulation run {run.pk} of h100-east: done")
     assert "h100-spot notices/day: 24" in out.getvalue()
     assert sent == []  # carried out here, not sent to a worker
+
+
+ALL_DAY = {"days": "every day", "start": "00:00", "end": "00:00", "time_zone": "UTC"}
+
+
+@pytest.mark.django_db
+def test_the_set_schedule_is_kept_replaced_or_dropped_by_the_changes(
+    h100, sent, django_capture_on_commit_callbacks
+):
+    # The set's own schedule keeps the spot VMs all day: no notice today.
+    schedules.schedule_entry_save(
+        capacity_set=h100,
+        data={"name": "keep-spot", **ALL_DAY, "pools": {"h100-spot": {"floor_gpus": 12}}},
+    )
+    dropped = ask(h100, django_capture_on_commit_callbacks, changes={"schedule": []})
+    replaced = ask(
+        h100,
+        django_capture_on_commit_callbacks,
+        changes={
+            "schedule": [{"name": "let-go", **ALL_DAY, "pools": {"h100-spot": {"floor_gpus": 0}}}]
+        },
+    )
+    for run in (dropped, replaced):
+        simulation_carry_out(run_id=run.pk)
+        run.refresh_from_db()
+        assert [e["name"] for e in run.start["entries"]] == ["keep-spot"]
+        assert "h100-spot notices/day 0 → 24" in [d["text"] for d in run.differences]
