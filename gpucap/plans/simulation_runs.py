@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -128,7 +129,7 @@ def simulation_request(
         capacity_set=capacity_set,
         requested_by=by if by is not None and by.is_authenticated else None,
         name=name,
-        profile=read.to_dict(),
+        profile=json.loads(profile) if isinstance(profile, (str, bytes)) else profile,
         changes=changes or {},
         step_seconds=step_seconds,
         duration_seconds=duration,
