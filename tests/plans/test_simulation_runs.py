@@ -9,13 +9,11 @@ day". With chat held to no replica (the edited configuration) there is no notice
 """
 
 import json
-from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.utils import timezone
 
 from gpucap.audit.models import AuditEvent
 from gpucap.celery import app
@@ -289,70 +287,6 @@ def test_a_run_that_fails_is_stored_failed_with_the_reason(
     assert run.state == SimulationRun.State.FAILED
     assert "the arbiter met a bug" in run.error
     assert run.finished_at is not None and run.result is None
-
-
-class WorkerKilled(BaseException):
-    """Stands for SIGKILL: no ``except Exception`` sees it, nothing is cleaned up."""
-
-
-@pytest.mark.django_db
-def test_a_run_whose_worker_was_lost_is_taken_over_once_its_heartbeat_is_stale(
-    h100, sent, django_capture_on_commit_callbacks, monkeypatch, settings
-):
-    run = ask(h100, django_capture_on_commit_callbacks)
-    simulate = simulation_runs.simulate_start
-
-    def dies_halfway(*args, on_step, **kwargs):
-        def step(done, total):
-            on_step(done, total)
-            if done == 60:
-                raise WorkerKilled
-
-        return simulate(*args, on_step=step, **kwargs)
-
-    monkeypatch.setattr(simulation_runs, "simulate_start", dies_halfway)
-    with pytest.raises(WorkerKilled):
-        simulation_carry_out(run_id=run.pk)
-    monkeypatch.setattr(simulation_runs, "simulate_start", simulate)
-    lost = SimulationRun.objects.get(pk=run.pk)
-    assert lost.state == SimulationRun.State.RUNNING and 0 < lost.steps_done < 120
-
-    # The message delivered again at once: the claim still looks alive, nothing is done.
-    assert simulation_carry_out(run_id=run.pk) == Outcome.BUSY
-    sent.clear()
-    with django_capture_on_commit_callbacks(execute=True):
-        assert simulation_runs.simulations_recover() == 0
-
-    # Once its heartbeat is older than SIMULATION_STALE_SECONDS, the recovery sends it again and
-    # the next claim carries it out.
-    stale = timezone.now() - timedelta(seconds=settings.SIMULATION_STALE_SECONDS + 1)
-    SimulationRun.objects.filter(pk=run.pk).update(heartbeat_at=stale)
-    with django_capture_on_commit_callbacks(execute=True):
-        assert simulation_runs.simulations_recover() == 1
-    assert sent == [("plans.simulate", [run.pk])]
-    assert simulation_carry_out(run_id=run.pk) == Outcome.DONE
-    done = SimulationRun.objects.get(pk=run.pk)
-    assert (done.state, done.attempts, done.steps_done) == ("done", 2, 120)
-
-
-@pytest.mark.django_db
-def test_a_run_that_lost_its_worker_every_time_is_failed(
-    h100, sent, django_capture_on_commit_callbacks, settings
-):
-    run = ask(h100, django_capture_on_commit_callbacks)
-    stale = timezone.now() - timedelta(seconds=settings.SIMULATION_STALE_SECONDS + 1)
-    SimulationRun.objects.filter(pk=run.pk).update(
-        state="running",
-        started_at=stale,
-        heartbeat_at=stale,
-        attempts=settings.SIMULATION_MAX_ATTEMPTS,
-    )
-
-    assert simulation_carry_out(run_id=run.pk) == Outcome.BUSY
-
-    run.refresh_from_db()
-    assert run.state == SimulationRun.State.FAILED
-    assert "lost" in run.error
 
 
 @pytest.mark.django_db
