@@ -243,6 +243,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "StatusEnum": "gpucap.plans.models.Plan.Status",
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
+        "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
     },
 }
 
@@ -296,6 +297,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("PLANS_INTERVAL_SECONDS", 30, minimum=1)),
     },
     "plans-prune": {"task": "plans.prune", "schedule": crontab(minute=41)},
+    # Simulation runs whose worker or message was lost are sent again (a claim takes them over).
+    "plans-simulations-recover": {"task": "plans.simulations_recover", "schedule": 60.0},
     # Scheduled policies: each boundary is applied at its moment by a task sent for it; this
     # pass is the safety net (a lost task delays a boundary by at most this long).
     "schedules-apply-due": {
@@ -390,6 +393,11 @@ PLANS_KEEP_PER_SET = env_int("PLANS_KEEP_PER_SET", 500, minimum=10)
 # A tick (plans.replan, plans.tick) that fails is retried this many times, with exponential
 # backoff (1 s, 2 s, 4 s, ... up to 60 s, jittered); the periodic tick covers the set after.
 PLANS_TICK_RETRIES = env_int("PLANS_TICK_RETRIES", 5, minimum=0)
+# Stored simulation runs (gpucap.plans.simulation_runs): a run whose worker shows no progress
+# for this long is taken over by the next claim (the task's retry or the periodic recovery),
+# at most SIMULATION_MAX_ATTEMPTS claims in all.
+SIMULATION_STALE_SECONDS = env_int("SIMULATION_STALE_SECONDS", 120, minimum=1)
+SIMULATION_MAX_ATTEMPTS = env_int("SIMULATION_MAX_ATTEMPTS", 3, minimum=1)
 
 # How Celery tasks drive VMs through their cluster's driver (gpucap.rentals.tasks).
 RENTALS_DRIVER_MAX_RETRIES = env_int("RENTALS_DRIVER_MAX_RETRIES", 5, minimum=0)

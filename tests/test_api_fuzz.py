@@ -29,7 +29,8 @@ from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.notices import services as notices
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services as plans
-from gpucap.plans.models import Plan
+from gpucap.plans import simulation_runs
+from gpucap.plans.models import Plan, SimulationRun
 from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules import services as schedules
 from gpucap.schedules.models import PolicyOverride, ScheduleEntry
@@ -62,6 +63,7 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/capacity-sets/{id}/overrides/"),
     ("GET", "/api/capacity-sets/{id}/policy/"),
     ("GET", "/api/capacity-sets/{id}/load-profile/"),  # days up to LOAD_HISTORY_DAYS
+    ("POST", "/api/capacity-sets/{id}/simulate/"),
     ("POST", "/api/clusters/"),
     ("PATCH", "/api/clusters/{id}/"),
     ("POST", "/api/deployments/"),
@@ -160,6 +162,10 @@ def fleet_of_two_tenants(
         capacity_set=fleet_east["sets"]["h100-east"],
         data={"name": "peak", "rank_order": ["h100-spot", "h100-ondemand"], "ttl_seconds": 3600},
     )
+    run = simulation_runs.simulation_request(
+        fleet_east["sets"]["h100-east"], profile={}, hours=1, send=False
+    )
+    simulation_runs.simulation_carry_out(run_id=run.pk)
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -197,6 +203,7 @@ PATH_OBJECTS = {
     "plans": Plan,
     "deployments": InferenceDeployment,
     "api-keys": ApiKey,
+    "simulations": SimulationRun,
     "invitation_id": Invitation,
     "membership_id": Membership,
 }
@@ -212,6 +219,7 @@ BODY_OBJECTS = {
     "deployment": (InferenceDeployment, "pk"),
     "tenant": (Tenant, "slug"),
     "image": (Image, "name"),
+    "from_run": (SimulationRun, "pk"),
 }
 
 

@@ -60,6 +60,9 @@ ENDPOINTS = {
     "/api/capacity-sets/{id}/overrides/{name}/": {"get", "delete"},
     "/api/capacity-sets/{id}/policy/": {"get"},
     "/api/capacity-sets/{id}/load-profile/": {"get"},
+    "/api/capacity-sets/{id}/simulate/": {"post"},
+    "/api/capacity-sets/{id}/simulations/": {"get"},
+    "/api/simulations/{id}/": {"get"},
     "/api/deployments/": {"get", "post"},
     "/api/deployments/{id}/": {"get", "patch"},
     "/api/api-keys/": {"get", "post"},
@@ -123,6 +126,16 @@ def test_every_command_documents_its_request_and_response(schema, path, componen
     else:
         assert operation["requestBody"]["content"]["application/json"]["schema"] == ref(request)
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == ref(response)
+
+
+def test_a_simulation_is_asked_for_with_its_request_and_answered_202_with_the_run(schema):
+    operation = schema["paths"]["/api/capacity-sets/{id}/simulate/"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("SimulateRequest")
+    answer = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert answer == ref("SimulationRunDetail")
+    state = schema["components"]["schemas"]["SimulationRun"]["properties"]["state"]
+    assert state == ref("SimulationStateEnum")
 
 
 def test_create_and_update_take_input_shapes_and_answer_with_the_full_object(schema):

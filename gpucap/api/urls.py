@@ -31,6 +31,11 @@ from gpucap.plans.api import (
     CapacitySetWhatIfView,
     PlanViewSet,
 )
+from gpucap.plans.simulation_api import (
+    CapacitySetSimulateView,
+    CapacitySetSimulationsView,
+    SimulationRunView,
+)
 from gpucap.portal.api import TenantViewSet
 from gpucap.rentals.api import VirtualMachineViewSet
 from gpucap.schedules.api import (
@@ -116,6 +121,17 @@ urlpatterns = [
         CapacitySetLoadProfileView.as_view(),
         name="api-capacity-set-load-profile",
     ),
+    path(
+        "capacity-sets/<int:id>/simulate/",
+        CapacitySetSimulateView.as_view(),
+        name="api-capacity-set-simulate",
+    ),
+    path(
+        "capacity-sets/<int:id>/simulations/",
+        CapacitySetSimulationsView.as_view(),
+        name="api-capacity-set-simulations",
+    ),
+    path("simulations/<int:id>/", SimulationRunView.as_view(), name="api-simulation"),
     path("usage/", UsageView.as_view(), name="api-usage"),
     *router.urls,
     re_path(r"^", endpoint_not_found),

@@ -175,3 +175,89 @@ class PlanAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.position} of plan {self.plan_id}"
+
+
+class SimulationRun(models.Model):
+    """A load profile replayed against a capacity set in simulated time (issue 21): today's
+    policy and, when ``changes`` are given, an edited one beside it. What it starts from is
+    captured when it is asked for (``start``), so it is carried out on exactly that set, as
+    often as needed, with the same result."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    capacity_set = models.ForeignKey(
+        CapacitySet, on_delete=models.CASCADE, related_name="simulation_runs"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(
+        max_length=120, blank=True, help_text='The operator\'s label, e.g. "chat doubles at 09:00".'
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    # Progress: steps simulated of all the run's steps (both runs' when there is a comparison).
+    steps_done = models.PositiveIntegerField(default=0)
+    steps_total = models.PositiveIntegerField(default=0)
+    # Which claim is carrying it out, and when that claim last showed progress: a claim whose
+    # worker was lost (no progress for SIMULATION_STALE_SECONDS) is taken over by the next.
+    attempts = models.PositiveIntegerField(default=0)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, help_text="Why it failed.")
+    profile = models.JSONField(help_text="The load profile in its JSON form, as given.")
+    changes = models.JSONField(
+        default=dict, blank=True, help_text="The edited configuration; {}: no comparison."
+    )
+    step_seconds = models.PositiveIntegerField()
+    duration_seconds = models.PositiveIntegerField()
+    wait_threshold_seconds = models.FloatField()
+    start = models.JSONField(
+        help_text="What it starts from, read when it was asked for: the snapshot with the "
+        "pools' own ranks and floors, the deployments, the schedule and the notice period."
+    )
+    result = models.JSONField(null=True, blank=True, help_text="Today's policy.")
+    variant_result = models.JSONField(null=True, blank=True, help_text="The edited policy.")
+    differences = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["capacity_set", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=["queued", "running", "done", "failed"]),
+                name="simulationrun_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(steps_done__lte=models.F("steps_total")),
+                name="simulationrun_progress_bounded",
+            ),
+            models.CheckConstraint(
+                condition=Q(step_seconds__gte=1, duration_seconds__gte=1),
+                name="simulationrun_times_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(wait_threshold_seconds__gt=0), name="simulationrun_threshold_positive"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="done") | Q(result__isnull=False, finished_at__isnull=False),
+                name="simulationrun_done_has_result",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="running") | Q(started_at__isnull=False),
+                name="simulationrun_running_has_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = f" ({self.name})" if self.name else ""
+        return f"simulation {self.pk} of {self.capacity_set.name}{label}"
+
+    @property
+    def compares(self) -> bool:
+        return bool(self.changes)

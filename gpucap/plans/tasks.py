@@ -4,6 +4,9 @@
 - ``plans.tick_all`` (beat, every ``PLANS_INTERVAL_SECONDS``): a tick of every set, so plans
   stay current and approved placements complete even if a message is lost;
 - ``plans.prune`` (beat, hourly): bounded plan history;
+- ``plans.simulate``: carry out one stored simulation run (`gpucap.plans.simulation_runs`); a
+  run another claim is carrying out is looked at again once that claim could have gone stale;
+- ``plans.simulations_recover`` (beat, every minute): runs whose worker or message was lost;
 - ``rentals.standalone_place``: placement outside capacity sets (`gpucap.plans.standalone`),
   sent by the rentals services and the reconciler. Its name is older than its home and stays:
   a task's name is what queued messages carry, and a renamed task would strand them during a
@@ -24,7 +27,7 @@ from django.conf import settings
 from django.db import OperationalError
 
 from gpucap.fleet.models import CapacitySet
-from gpucap.plans import services, standalone
+from gpucap.plans import services, simulation_runs, standalone
 from gpucap.plans.models import Plan
 from gpucap.plans.triggers import replan_release
 
@@ -76,6 +79,21 @@ def _tick(task, capacity_set_id: int, trigger: str) -> int | None:
         )
         raise task.retry(exc=exc, countdown=countdown) from exc
     return result.plan.pk if result.plan is not None else None
+
+
+@shared_task(name="plans.simulate", bind=True, max_retries=settings.SIMULATION_MAX_ATTEMPTS)
+def simulate(self, run_id: int) -> str:
+    outcome = simulation_runs.simulation_carry_out(run_id=run_id)
+    if outcome == simulation_runs.Outcome.BUSY:
+        # Running under another claim (or this message delivered again after its worker died):
+        # come back when that claim, if lost, may be taken over.
+        raise self.retry(countdown=settings.SIMULATION_STALE_SECONDS + 1)
+    return outcome.value
+
+
+@shared_task(name="plans.simulations_recover")
+def simulations_recover() -> int:
+    return simulation_runs.simulations_recover()
 
 
 @shared_task(name="rentals.standalone_place")

@@ -35,7 +35,7 @@ time), as if the run began in steady state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from gpucap.arbiter.model import Demand, Plan, Snapshot
@@ -80,13 +80,15 @@ def simulate(
     keep_plans: bool = False,
     worst_count: int = 5,
     plan_every_step: bool = False,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> SimulationResult:
     """Replay ``profile`` on the set of ``start`` (its ``now`` is the start) for
     ``duration_seconds`` in steps of ``step_seconds``. ``deployments`` (by slug) are the set's
     inference deployments; ``entries`` and ``overrides`` its schedule. ``keep_plans`` keeps
     every plan with its snapshot in the result (tests; a day on a large set holds many).
     ``plan_every_step`` asks the arbiter at every step, as if anything could have changed (tests
-    check that planning only on a change misses nothing)."""
+    check that planning only on a change misses nothing). ``on_step(done, total)`` is called
+    after each step (progress for a caller that stores it; it must not change the input)."""
     problems = input_problems(
         start,
         profile,
@@ -114,7 +116,7 @@ def simulate(
         worst_count=worst_count,
         plan_every_step=plan_every_step,
     )
-    return run.result()
+    return run.result(on_step)
 
 
 class _Scaler:
@@ -186,9 +188,11 @@ class _Run:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def result(self) -> SimulationResult:
+    def result(self, on_step: Callable[[int, int], None] | None = None) -> SimulationResult:
         for index in range(self.steps):
             self._step(index, self.t0 + self.step * index)
+            if on_step is not None:
+                on_step(index + 1, self.steps)
         return SimulationResult(
             start=self.t0,
             step_seconds=self.step_seconds,

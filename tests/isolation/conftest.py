@@ -22,6 +22,7 @@ from gpucap.fleet import services as fleet
 from gpucap.inference import services as inference
 from gpucap.notices import services as notices
 from gpucap.plans import services as plans
+from gpucap.plans import simulation_runs
 from gpucap.rentals.models import GuestAddress
 from gpucap.roles import OPERATORS_GROUP
 from gpucap.schedules import services as schedules
@@ -118,6 +119,8 @@ def world_build() -> World:
         capacity_set=h100,
         data={"name": "peak", "rank_order": ["h100-spot", "h100-ondemand"], "ttl_seconds": 86400},
     )
+    # A stored simulation run of the set (the operators' own; its start names acme's VMs).
+    simulation = simulation_runs.simulation_request(h100, profile={}, hours=1, send=False)
     deployment = inference.deployment_create(
         tenant=acme,
         pool=inference_pools["standalone"],
@@ -189,6 +192,7 @@ def world_build() -> World:
         ("pools", "pk"): pools["h100-spot"].pk,  # acme's alone
         ("images", "pk"): image.pk,  # in acme's catalogue alone
         ("plans", "pk"): plan.pk,
+        ("simulations", "id"): simulation.pk,
         ("schedule", "name"): entry.name,
         ("overrides", "name"): override.name,
     }
