@@ -261,3 +261,9 @@ class SimulationRun(models.Model):
     @property
     def compares(self) -> bool:
         return bool(self.changes)
+
+    @property
+    def length(self) -> str:
+        """How much simulated time, in words: "24 h", "90 min"."""
+        minutes = self.duration_seconds // 60
+        return f"{minutes // 60} h" if minutes % 60 == 0 else f"{minutes} min"

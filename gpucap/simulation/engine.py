@@ -354,7 +354,9 @@ class _Run:
                 step=index,
                 at=now,
                 value=len(made.preemptions),
-                words=f"{len(made.preemptions)} notices at {now:%Y-%m-%d %H:%M} ({where})",
+                words=(
+                    f"{_count(len(made.preemptions), 'notice')} at {now:%Y-%m-%d %H:%M} ({where})"
+                ),
                 made=record,
             )
         return len(made.preemptions)
@@ -418,7 +420,7 @@ class _Run:
                 value=wait,
                 words=(
                     f"{record.deployment} p99 queue wait {shown} at {now:%Y-%m-%d %H:%M}: "
-                    f"{record.rps:g} requests/s, {record.ready} replicas ready of "
+                    f"{record.rps:g} requests/s, {_count(record.ready, 'replica')} ready of "
                     f"{record.replicas}, {record.queue:.0f} queued, {record.refused:.0f} refused"
                 ),
                 made=self.last_made,
@@ -462,3 +464,7 @@ def _protection_ends(snapshot: Snapshot, made: Plan) -> list[datetime]:
     best = min(rank[demand_pool[entry.demand]] for entry in made.unsatisfied)
     vm_pool = {vm.id: vm.pool for vm in snapshot.vms}
     return [end for vm_id, end in protected_vms(snapshot).items() if rank[vm_pool[vm_id]] > best]
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"

@@ -163,6 +163,7 @@ def world_build() -> World:
         ("nodes", "cluster"): east["cluster"].name,
         "hostname": node.hostname,
         "plan_id": plan.pk,
+        "run_id": simulation.pk,
         ("members", "pk"): membership.pk,
         ("invitations", "pk"): invitation.pk,
         ("vms", "pk"): vm.pk,

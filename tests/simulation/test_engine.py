@@ -1,7 +1,7 @@
 """The simulation on a set small enough to check by hand (tests/simulation/sets.py)."""
 
 from dataclasses import replace
-from datetime import time
+from datetime import UTC, datetime, time, timedelta
 
 import pytest
 
@@ -9,6 +9,7 @@ from gpucap.arbiter import plan
 from gpucap.arbiter.model import Demand
 from gpucap.schedules.calendar import FLOOR_GPUS, Change, Entry, Window
 from gpucap.simulation import Curve, Profile, SimulationError, VmArrivals, simulate
+from gpucap.simulation.worst import WorstMoments
 from tests.simulation.sets import CHAT, T0, chat_load, full_set, minute
 
 NOTICE = 300
@@ -179,3 +180,20 @@ def test_a_spot_job_is_reclaimed_whole_and_resumes_whole_as_one_job_again():
     # Running again as one job: reclaiming either would take both (8 GPUs), so the one replica
     # asked for at minute 91 takes spot-2 alone, though the job's VMs started later.
     assert notices_at(result, 91) == ["spot-2"]
+
+
+def test_a_bad_stretch_is_one_worst_moment_and_separate_stretches_are_several():
+    """Twenty minutes of long waits are one moment (their worst minute), not the top five
+    minutes of one stretch; a second stretch later in the day is its own moment."""
+    worst = WorstMoments(count=5)
+    at = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
+    waits = {step: 2.0 + (step == 14) for step in range(10, 30)}  # 08:10-08:29, worst 08:14
+    waits |= dict.fromkeys(range(600, 603), 1.5)  # 18:00-18:02
+    for step, wait in sorted(waits.items()):
+        worst.offer(
+            "wait", step=step, at=at + timedelta(minutes=step), value=wait, words="", made=None
+        )
+
+    moments = worst.moments()
+
+    assert [(m.step, m.value) for m in moments] == [(14, 3.0), (600, 1.5)]
