@@ -235,24 +235,17 @@ class SimulationForm(ServiceErrorsMixin, forms.Form):
     def changes(self) -> dict:
         """What the edited configuration changes, in the service's form ({} for nothing)."""
         data, changes = self.cleaned_data, {}
-        pools = {}
-        for pool in self.pools:
-            edited = {}
-            if data[f"rank__{pool.name}"] != pool.rank:
-                edited["rank"] = data[f"rank__{pool.name}"]
-            if data[f"floor__{pool.name}"] != pool.floor_gpus:
-                edited["floor_gpus"] = data[f"floor__{pool.name}"]
-            if edited:
-                pools[pool.name] = edited
-        deployments = {}
-        for d in self.deployments:
-            edited = {}
-            if data[f"min__{d.slug}"] != d.min_replicas:
-                edited["min_replicas"] = data[f"min__{d.slug}"]
-            if data[f"max__{d.slug}"] != d.max_replicas:
-                edited["max_replicas"] = data[f"max__{d.slug}"]
-            if edited:
-                deployments[d.slug] = edited
+        pools = self._edited(
+            {p.name: {"rank": p.rank, "floor_gpus": p.floor_gpus} for p in self.pools},
+            {"rank": "rank__", "floor_gpus": "floor__"},
+        )
+        deployments = self._edited(
+            {
+                d.slug: {"min_replicas": d.min_replicas, "max_replicas": d.max_replicas}
+                for d in self.deployments
+            },
+            {"min_replicas": "min__", "max_replicas": "max__"},
+        )
         if pools:
             changes["pools"] = pools
         if deployments:
@@ -261,6 +254,19 @@ class SimulationForm(ServiceErrorsMixin, forms.Form):
         if kept != {entry.name for entry in self.entries}:
             changes["schedule"] = [_written(e) for e in self.entries if e.name in kept]
         return changes
+
+    def _edited(self, today: dict[str, dict], fields: dict[str, str]) -> dict:
+        """Per name, the settings whose field differs from today's value."""
+        edited = {}
+        for name, values in today.items():
+            changed = {
+                setting: self.cleaned_data[f"{prefix}{name}"]
+                for setting, prefix in fields.items()
+                if self.cleaned_data[f"{prefix}{name}"] != values[setting]
+            }
+            if changed:
+                edited[name] = changed
+        return edited
 
     def add_service_errors(self, error: ValidationError) -> None:
         """A profile's problems go to the field the profile came from."""

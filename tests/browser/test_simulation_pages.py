@@ -12,16 +12,14 @@ from playwright.sync_api import expect
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import simulation_carry_out
 from tests.browser.conftest import log_in, screenshot
-from tests.inference import conftest as inference_fixtures
-from tests.plans import conftest as plans_fixtures
-from tests.plans import test_simulate_command as command_tests
+from tests.plans import simulation_set
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-full_set = plans_fixtures.full_set
-chat = command_tests.chat
-inference_pools = inference_fixtures.inference_pools
-inference_redis = inference_fixtures.inference_redis
+full_set = simulation_set.full_set
+chat = simulation_set.chat
+inference_pools = simulation_set.inference_pools
+inference_redis = simulation_set.inference_redis
 
 # Chat is quiet at night and needs two replicas from 09:00 to 17:00 (seconds after the start).
 DAY = {

@@ -15,32 +15,16 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from gpucap.audit.models import AuditEvent
-from gpucap.inference import services as inference
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans.models import Plan
 from gpucap.rentals.models import VirtualMachine
-from tests.inference import conftest as inference_fixtures
-from tests.plans import conftest as plans_fixtures
+from tests.plans import simulation_set
 
-full_set = plans_fixtures.full_set
-inference_pools = inference_fixtures.inference_pools
-inference_redis = inference_fixtures.inference_redis
-
-LOAD = {"deployments": {"acme-chat": {"points": [[0, 6]], "service_seconds": 1.0}}}
-
-
-@pytest.fixture
-def chat(inference_pools, tenant, member):
-    return inference.deployment_create(
-        tenant=tenant,
-        pool=inference_pools["set"],
-        name="chat",
-        model_name="gpucap/sim-8b",
-        gpus_per_replica=4,
-        min_replicas=0,
-        max_replicas=2,
-        actor=member,
-    )
+full_set = simulation_set.full_set
+inference_pools = simulation_set.inference_pools
+inference_redis = simulation_set.inference_redis
+chat = simulation_set.chat
+LOAD = simulation_set.LOAD
 
 
 def _simulate(tmp_path, profile: dict, *args: str) -> str:

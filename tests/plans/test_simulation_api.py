@@ -7,37 +7,24 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpucap.celery import app
 from gpucap.plans import simulation_runs
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import simulation_carry_out
-from tests.inference import conftest as inference_fixtures
-from tests.plans import conftest as plans_fixtures
-from tests.plans import test_simulate_command as command_tests
+from tests.plans import simulation_set
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.conftest import wait_for
 
-full_set = plans_fixtures.full_set
-chat = command_tests.chat
-inference_pools = inference_fixtures.inference_pools
-inference_redis = inference_fixtures.inference_redis
+full_set = simulation_set.full_set
+chat = simulation_set.chat
+inference_pools = simulation_set.inference_pools
+inference_redis = simulation_set.inference_redis
 celery_queue = rentals_fixtures.celery_queue
 workers = rentals_fixtures.workers
 
-LOAD = command_tests.LOAD
-NO_CHAT = {"deployments": {"acme-chat": {"max_replicas": 0}}}
-
-
-@pytest.fixture
-def h100(fleet_east, full_set, chat):
-    return fleet_east["sets"]["h100-east"]
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list[tuple[str, list]]:
-    found: list[tuple[str, list]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, args=None, **_: found.append((name, args)))
-    return found
+LOAD = simulation_set.LOAD
+NO_CHAT = simulation_set.NO_CHAT
+h100 = simulation_set.h100
+sent = simulation_set.sent
 
 
 def simulate(api, h100, capture, **body):

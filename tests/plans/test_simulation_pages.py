@@ -16,18 +16,16 @@ from django.urls import reverse
 
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import simulation_carry_out
-from tests.inference import conftest as inference_fixtures
-from tests.plans import conftest as plans_fixtures
-from tests.plans import test_simulate_command as command_tests
+from tests.plans import simulation_set
 
-full_set = plans_fixtures.full_set
-chat = command_tests.chat
-inference_pools = inference_fixtures.inference_pools
-inference_redis = inference_fixtures.inference_redis
+full_set = simulation_set.full_set
+chat = simulation_set.chat
+inference_pools = simulation_set.inference_pools
+inference_redis = simulation_set.inference_redis
 
 pytestmark = pytest.mark.django_db
 
-LOAD = command_tests.LOAD
+LOAD = simulation_set.LOAD
 CHAT_LOAD = LOAD["deployments"]["acme-chat"]
 
 

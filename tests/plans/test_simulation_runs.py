@@ -16,36 +16,23 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
 from gpucap.audit.models import AuditEvent
-from gpucap.celery import app
 from gpucap.fleet import services as fleet
 from gpucap.plans import simulation_runs
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import Outcome, simulation_carry_out, simulation_request
 from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules import services as schedules
-from tests.inference import conftest as inference_fixtures
-from tests.plans import conftest as plans_fixtures
-from tests.plans import test_simulate_command as command_tests
+from tests.plans import simulation_set
 
-full_set = plans_fixtures.full_set
-chat = command_tests.chat
-LOAD = command_tests.LOAD
-inference_pools = inference_fixtures.inference_pools
-inference_redis = inference_fixtures.inference_redis
+full_set = simulation_set.full_set
+chat = simulation_set.chat
+LOAD = simulation_set.LOAD
+inference_pools = simulation_set.inference_pools
+inference_redis = simulation_set.inference_redis
 
-NO_CHAT = {"deployments": {"acme-chat": {"max_replicas": 0}}}
-
-
-@pytest.fixture
-def h100(fleet_east, full_set, chat):
-    return fleet_east["sets"]["h100-east"]
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list[tuple[str, list]]:
-    found: list[tuple[str, list]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, args=None, **_: found.append((name, args)))
-    return found
+NO_CHAT = simulation_set.NO_CHAT
+h100 = simulation_set.h100
+sent = simulation_set.sent
 
 
 def ask(h100, django_capture_on_commit_callbacks, **options) -> SimulationRun:
