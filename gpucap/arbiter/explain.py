@@ -17,6 +17,8 @@ FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
 PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
 PINNED = 5  # held by a running job that one of its VMs elsewhere keeps whole (whole jobs)
 CATEGORIES = 6
+# A reason lists at most this many VMs or nodes by name.
+LISTED_HOLDERS = 8
 
 
 def block_name(fabric: str, size: int) -> str:
@@ -193,6 +195,29 @@ def clock(moment: datetime, now: datetime | None = None) -> str:
     if now is None or now.astimezone(UTC).date() != moment.date():
         text = moment.strftime("%Y-%m-%d ") + text
     return text
+
+
+def quota_reason(
+    *, tenant: str, scope: str, max_gpus: int, held: int, holders: list[str], asked: int
+) -> str:
+    """A group its tenant's quota has no room for: the quota, what holds it, what is asked."""
+    listed = ", ".join(holders[:LISTED_HOLDERS])
+    if len(holders) > LISTED_HOLDERS:
+        listed += f" and {len(holders) - LISTED_HOLDERS} more"
+    holding = f"it holds {held}" + (f" ({listed})" if holders else "")
+    return (
+        f"tenant {tenant}'s {scope} is {_gpus(max_gpus)}; {holding} and this group asks for {asked}"
+    )
+
+
+def dedicated_reason(*, block: str, nodes: list[str]) -> str:
+    """What a demand could not use: free partitions on nodes dedicated to other tenants."""
+    count = len(nodes)
+    listed = ", ".join(nodes[:LISTED_HOLDERS])
+    if count > LISTED_HOLDERS:
+        listed += f" and {count - LISTED_HOLDERS} more"
+    noun = "node has" if count == 1 else "nodes have"
+    return f"{count} {noun} a free {block} but {_are(count)} dedicated to other tenants ({listed})"
 
 
 def group_reason(*, group: str, demand: str, gpus: int, reason: str) -> str:
