@@ -31,6 +31,26 @@ def test_crowded_sets_obey_every_rule(snapshot):
     assert rule_violations(snapshot, plan(snapshot)) == []
 
 
+@PROPERTY
+@given(snapshots(fabric="nvswitch", max_jobs=2, tenancy=True))
+def test_nvswitch_plans_keep_quotas_and_dedicated_nodes(snapshot):
+    assert snapshot_problems(snapshot) == []
+    assert rule_violations(snapshot, plan(snapshot)) == []
+
+
+@PROPERTY
+@given(snapshots(fabric="pcie", max_jobs=2, tenancy=True))
+def test_pcie_plans_keep_quotas_and_dedicated_nodes(snapshot):
+    assert snapshot_problems(snapshot) == []
+    assert rule_violations(snapshot, plan(snapshot)) == []
+
+
+@PROPERTY
+@given(snapshots(max_nodes=4, max_demands=10, max_groups=3, crowded=True, max_jobs=2, tenancy=True))
+def test_crowded_sets_keep_quotas_and_dedicated_nodes(snapshot):
+    assert rule_violations(snapshot, plan(snapshot)) == []
+
+
 @settings(max_examples=150, deadline=None)
 @given(snapshots(max_jobs=2))
 def test_planning_twice_gives_the_same_bytes(snapshot):
