@@ -67,3 +67,19 @@ def test_a_bench_sized_set_obeys_every_rule():
     result = plan(snapshot)
     assert len(result.preemptions) > 20 and result.unsatisfied
     assert rule_violations(snapshot, result) == []
+
+
+def test_a_bench_sized_set_with_tenancy_obeys_every_rule():
+    import random
+
+    from bench.arbiter_scale import generate, with_tenancy
+    from gpucap.arbiter.codec import snapshot_from_dict
+
+    data = generate(400, random.Random(3))
+    with_tenancy(data, random.Random(4))
+    snapshot = snapshot_from_dict(data)
+    result = plan(snapshot)
+    assert result.preemptions and any("quota" in u.reason for u in result.unsatisfied)
+    dedicated = {node.name for node in snapshot.nodes if node.tenant is not None}
+    assert any(p.node in dedicated for p in result.placements)
+    assert rule_violations(snapshot, result) == []
