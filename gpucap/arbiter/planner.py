@@ -79,6 +79,18 @@ grouped by what they take from each pool and deployment: one check decides a who
 group that would break a floor is parked (for the rest of the plan, or until the rollback of the
 attempt that used up the headroom). The cheapest legal reclaim is thus found in O(log n) even
 when floors bind everywhere, and it is still the true minimum.
+
+Tenant allocation (issue 19, tenancy.py). Quotas are checked once per group, before it is
+tried: what a tenant holds only grows during a plan, so a group its tenant's quotas have no
+room for is unsatisfied whole, and nothing is tried or preempted for it. Dedicated nodes get
+indexes of their own: per tenant, free heaps and reclaims (`_Reclaims` with a ``tenant``) over
+its dedicated nodes only, and the shared indexes never see them. A group is served in its
+tenant's scope (`_enter_scope`): free capacity on its dedicated nodes first, then shared; the
+cheaper of the two scopes' reclaims; and its search over the shared nodes and its own. Another
+tenant's VM on a dedicated node is fixed (never a victim), and a running job with members in
+two scopes is kept whole, so a reclaim for one tenant never reaches into another's nodes. A
+snapshot without quotas or dedicated nodes takes none of these paths: it is planned exactly as
+before, with one shared scope.
 """
 
 from __future__ import annotations
@@ -605,6 +617,7 @@ class _Planner:
         # Quotas (tenancy.py): None without any. Groups refused for one: their ids.
         self.quota_book = QuotaBook(snapshot) if snapshot.quotas else None
         self.over_quota: list[str] = []
+        self._scopes: dict[str | None, list[int]] = {}  # tenant -> the ready nodes it may use
         self._enter_scope(None)
         self._begin()
 
@@ -766,11 +779,14 @@ class _Planner:
         self._own_heaps = self.tenant_heaps.get(tenant) if tenant is not None else None
         if not self.dedicated:
             self._scope_nodes = self.ready_nodes
-        else:
+            return
+        nodes = self._scopes.get(tenant)
+        if nodes is None:
             node_tenant = self.node_tenant
-            self._scope_nodes = [
+            nodes = self._scopes[tenant] = [
                 node for node in self.ready_nodes if node_tenant[node] in (None, tenant)
             ]
+        self._scope_nodes = nodes
 
     def blocker(self, node: int, mask: int) -> int:
         """Why a partition can be neither given nor reclaimed (an explain category)."""
