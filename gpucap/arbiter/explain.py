@@ -279,11 +279,42 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
             for b in plan.pools
         ],
     )
+    if snapshot.quotas:
+        lines += ["", "Quotas"]
+        lines += _table(("tenant", "pool", "max", "before", "after"), _quota_rows(snapshot, plan))
     lines += ["", f"Unsatisfied ({len(plan.unsatisfied)})"]
     lines += _table(
         ("demand", "group", "reason"), [(u.demand, u.group, u.reason) for u in plan.unsatisfied]
     )
     return "\n".join(lines) + "\n"
+
+
+def _quota_rows(snapshot: Snapshot, plan: Plan) -> list[tuple[str, ...]]:
+    """Per quota: the GPUs its tenant holds in its scope before the plan and after it."""
+    demands = {demand.id: demand for demand in snapshot.demands}
+    rows = []
+    for quota in snapshot.quotas:
+        before = sum(
+            len(vm.gpus)
+            for vm in snapshot.vms
+            if vm.tenant == quota.tenant and quota.pool in (None, vm.pool)
+        )
+        placed = sum(
+            len(p.gpus)
+            for p in plan.placements
+            if demands[p.demand].tenant == quota.tenant
+            and quota.pool in (None, demands[p.demand].pool)
+        )
+        rows.append(
+            (
+                quota.tenant,
+                quota.pool or "(whole set)",
+                str(quota.max_gpus),
+                str(before),
+                str(before + placed),
+            )
+        )
+    return rows
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

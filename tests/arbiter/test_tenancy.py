@@ -184,6 +184,7 @@ def test_the_preview_shows_the_refusals_in_words():
         text
     )
     assert "dedicated to other tenants (n001)" in text
+    assert "Quotas\n  tenant  pool  max  before  after\n  acme    rent  2    0       0\n" in text
 
 
 # -- the snapshot file -------------------------------------------------------------------------
