@@ -201,7 +201,7 @@ def snapshots(
                     started_at=at(draw(st.integers(0, 240))),
                     deployment=deployment,
                     state=draw(st.sampled_from(("running",) * 7 + ("notified",))),
-                    tenant=draw(st.sampled_from((None, "acme", "globex"))),
+                    tenant=_vm_tenant(draw, node),
                 )
             )
     vms = _with_jobs(draw, vms, max_jobs)
@@ -247,6 +247,13 @@ def snapshots(
         now=at(600),
         quotas=tuple(quotas),
     )
+
+
+def _vm_tenant(draw, node: Node) -> str | None:
+    """Any tenant; on a dedicated node mostly the node's (the rest are moving off it)."""
+    if node.tenant is not None and draw(st.sampled_from((True, True, True, False))):
+        return node.tenant
+    return draw(st.sampled_from((None, *TENANTS)))
 
 
 def _with_jobs(draw, vms: list[Vm], max_jobs: int) -> list[Vm]:

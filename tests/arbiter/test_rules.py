@@ -57,6 +57,12 @@ def test_planning_twice_gives_the_same_bytes(snapshot):
     assert dump_plan(plan(snapshot)) == dump_plan(plan(snapshot))
 
 
+@settings(max_examples=100, deadline=None)
+@given(snapshots(max_jobs=2, tenancy=True))
+def test_planning_with_tenancy_twice_gives_the_same_bytes(snapshot):
+    assert dump_plan(plan(snapshot)) == dump_plan(plan(snapshot))
+
+
 def test_a_bench_sized_set_obeys_every_rule():
     import random
 
