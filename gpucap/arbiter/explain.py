@@ -16,7 +16,8 @@ from gpucap.arbiter.model import Plan, Snapshot
 FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
 PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
 PINNED = 5  # held by a running job that one of its VMs elsewhere keeps whole (whole jobs)
-CATEGORIES = 6
+FOREIGN = 6  # held by another tenant's VM on a node dedicated to the demand's tenant
+CATEGORIES = 7
 # A reason lists at most this many VMs or nodes by name.
 LISTED_HOLDERS = 8
 
@@ -121,6 +122,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
             f"job that is reclaimed whole or not at all, and another of its VMs may not be "
             f"preempted"
         )
+    if counts[FOREIGN] == total:
+        return (
+            f"no node has a free or reclaimable {block}: every candidate is held by a VM of "
+            f"another tenant on a node dedicated to this tenant, which the arbiter leaves alone"
+        )
     parts = []
     if counts[ON_DEMAND]:
         parts.append(f"{counts[ON_DEMAND]} {_hold(counts[ON_DEMAND])} on-demand VMs")
@@ -138,6 +144,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
     if counts[PINNED]:
         parts.append(
             f"{counts[PINNED]} {_are(counts[PINNED])} held by jobs that cannot be reclaimed whole"
+        )
+    if counts[FOREIGN]:
+        parts.append(
+            f"{counts[FOREIGN]} {_are(counts[FOREIGN])} held by other tenants' VMs on this "
+            f"tenant's dedicated nodes"
         )
     return (
         f"no node has a free or reclaimable {block}: of {total} candidates on ready nodes, "

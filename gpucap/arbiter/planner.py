@@ -663,6 +663,7 @@ class _Planner:
         self.notified = [0] * count
         self.protected_gpus = [0] * count
         self.pinned_gpus = [0] * count  # members of jobs that cannot be reclaimed whole
+        self.foreign_gpus = [0] * count  # other tenants' VMs on a dedicated node
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
     def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
@@ -699,6 +700,7 @@ class _Planner:
             owner = node_tenant[node]
             if owner is not None and vm.tenant != owner:
                 fixed[node] |= mask  # another tenant's VM on a dedicated node: left alone
+                self.foreign_gpus[node] |= mask
                 continue
             node_vms[node].append(_Vm(vm, pool, ranks[pool], deployment, node, mask))
         self._index_jobs(snapshot)
@@ -801,6 +803,9 @@ class _Planner:
             return explain.PROTECTED  # and by nothing else (on-demand outlasts protection)
         if mask & pinned and not mask & self.fixed[node] & ~(pinned | protected):
             return explain.PINNED  # spot members of jobs a VM elsewhere keeps whole
+        foreign = self.foreign_gpus[node]
+        if mask & foreign and not mask & self.fixed[node] & ~(foreign | pinned | protected):
+            return explain.FOREIGN  # other tenants' VMs on a dedicated node
         return explain.ON_DEMAND
 
     def _refresh(self, node: int, indexed: dict[int, tuple] | None = None) -> None:
@@ -1365,19 +1370,22 @@ class _Planner:
         return sorted(self.node_names[node] for node in nodes)
 
     def _why_unplaced_shared(self, demand: Demand) -> str:
-        """Why the demand cannot be placed, judged on the shared nodes."""
+        """Why the demand cannot be placed, judged on the nodes it may use (the shared ones
+        and its tenant's dedicated ones)."""
         size = demand.gpus
         demand_pool = self.pools[self.pool_index[demand.pool]]
         block = explain.block_name(self.fabric, size)
-        reclaims = self._reclaims_of(size)
-        breach = reclaims.floor_stop(demand_pool.rank)
-        if breach is not None:
-            return self._floor_words(block, breach)
+        scopes = self._scoped_reclaims(size)
+        for reclaims in scopes:
+            breach = reclaims.floor_stop(demand_pool.rank)
+            if breach is not None:
+                return self._floor_words(block, breach)
         if demand_pool is self.pools[-1]:
             return explain.lowest_rank_reason(
                 block=block, demand_pool=demand_pool.name, demand_rank=demand_pool.rank
             )
-        key = reclaims.cheapest_any()
+        keys = [key for key in (reclaims.cheapest_any() for reclaims in scopes) if key is not None]
+        key = min(keys) if keys else None
         if key is not None:
             victim_pool = self.pool_by_rank[-key[0]]
             return explain.rank_reason(
@@ -1387,9 +1395,13 @@ class _Planner:
                 demand_pool=demand_pool.name,
                 demand_rank=demand_pool.rank,
             )
-        if sum(reclaims.blocked) == 0:
-            return explain.no_block_reason(block=block, unready_nodes=reclaims.unready)
-        return explain.blocked_reason(block=block, counts=reclaims.blocked)
+        blocked = [
+            sum(counts) for counts in zip(*(reclaims.blocked for reclaims in scopes), strict=True)
+        ]
+        if sum(blocked) == 0:
+            unready = sum(reclaims.unready for reclaims in scopes)
+            return explain.no_block_reason(block=block, unready_nodes=unready)
+        return explain.blocked_reason(block=block, counts=blocked)
 
     def _floor_words(self, block: str, breach: tuple) -> str:
         kind, index = breach

@@ -172,6 +172,34 @@ def test_another_tenants_vm_on_a_dedicated_node_is_left_alone():
     assert set(reasons(result)) == {"d1"}
 
 
+def test_a_demand_blocked_on_its_own_node_by_another_tenants_vm_says_so():
+    result = planned(
+        nodes=[Node("n001", 8, tenant="acme")],
+        vms=[vm("g1", "spot", "n001", ALL, tenant="globex")],
+        demands=[demand("d1", "rent", 8, tenant="acme")],
+    )
+    assert reasons(result) == {
+        "d1": "no node has a free or reclaimable 8-GPU partition: every candidate is held by a "
+        "VM of another tenant on a node dedicated to this tenant, which the arbiter leaves alone"
+    }
+
+
+def test_a_demand_that_may_use_its_own_node_is_explained_over_both_scopes():
+    # The shared node holds an on-demand VM (never reclaimed); acme's node holds its own chat
+    # VM (rank 1): what stops the demand is the rank of the VM on its own node.
+    result = planned(
+        nodes=[Node("n001", 8), Node("n002", 8, tenant="acme")],
+        vms=[
+            vm("r1", "rent", "n001", ALL, tenant="globex"),
+            vm("c2", "chat", "n002", ALL, tenant="acme"),
+        ],
+        demands=[demand("d1", "rent", 8, tenant="acme")],
+    )
+    assert reasons(result)["d1"].startswith(
+        "no free 8-GPU partition, and every reclaimable one holds a VM of pool chat (rank 1)"
+    )
+
+
 def test_the_preview_shows_the_refusals_in_words():
     fleet = snapshot(
         nodes=[Node("n001", 8, tenant="acme")],
