@@ -2,6 +2,7 @@
 on sets small enough to work out on paper. The properties over random sets are in
 test_rules.py (``tenancy=True``)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -147,6 +148,16 @@ def test_a_tenant_takes_its_dedicated_node_before_shared_capacity():
         demands=[demand("d1", "rent", 8, tenant="acme"), demand("d2", "rent", 8, tenant="acme")],
     )
     assert placed(result) == {"d1": ("n002", ALL), "d2": ("n001", ALL)}
+
+
+def test_a_disk_on_another_tenants_dedicated_node_does_not_draw_the_vm_there():
+    resuming = [
+        dataclasses.replace(demand("d1", "spot", 4, tenant="globex"), disk_node="n001"),
+        dataclasses.replace(demand("d2", "spot", 4, tenant="acme"), disk_node="n001"),
+    ]
+    result = planned(nodes=[Node("n001", 8, tenant="acme"), Node("n002", 8)], demands=resuming)
+    assert placed(result)["d1"][0] == "n002"
+    assert placed(result)["d2"][0] == "n001"
 
 
 def test_only_the_dedicated_tenant_may_reclaim_its_vms_there():
