@@ -22,6 +22,9 @@ Targets: issue 3, at 2,000 nodes at least 1,000 demands planned per second, and 
 faster than 1.25 x linearly from 500 to 8,000 nodes; issue 17 (build 6), at 2,000 nodes at least
 3,000 demands per second through the whole CLI, and the CLI within 4 x the floor.
 ``--sizes`` measures other node counts (e.g. ``--sizes 2000`` while iterating).
+``--tenancy`` plans the same sets with tenant allocation (issue 19, `with_tenancy`): a tenth
+of the nodes dedicated to five tenants, every demand group of one of 50 tenants, and quotas for
+20 of them; the default run measures the common case without any.
 """
 
 from __future__ import annotations
@@ -84,10 +87,16 @@ DEMAND_SIZES = ((8, 0.15), (4, 0.25), (2, 0.30), (1, 0.30))
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="node counts")
+    parser.add_argument(
+        "--tenancy", action="store_true", help="with dedicated nodes, demand tenants and quotas"
+    )
     args = parser.parse_args()
     sizes = sorted(int(size) for size in args.sizes.split(","))
     compile_bytecode()
-    print("arbiter scale: NVSwitch sets, 8 GPUs per node, planner CLI as a subprocess")
+    print(
+        "arbiter scale: NVSwitch sets, 8 GPUs per node, planner CLI as a subprocess"
+        + (", with dedicated nodes and quotas" if args.tenancy else "")
+    )
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
         f"{os.getloadavg()[0]:.1f}, median of {RUNS} runs (CLI and floor interleaved)\n"
@@ -103,6 +112,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="arbiter-bench-") as folder:
         for nodes in sizes:
             snapshot = generate(nodes, random.Random(SEED + nodes))
+            if args.tenancy:
+                with_tenancy(snapshot, random.Random(SEED - nodes))
             path = Path(folder) / f"set-{nodes}.json"
             path.write_text(json.dumps(snapshot))
             times, floors, plan = run_planner(path)
@@ -318,6 +329,24 @@ def generate(node_count: int, rng: random.Random) -> dict:
         "vms": vms,
         "demands": demands,
     }
+
+
+def with_tenancy(snapshot: dict, rng: random.Random) -> None:
+    """Tenant allocation on a generated set: a tenth of the nodes dedicated to tenant-00 ..
+    tenant-04, every demand group asked by one of tenant-00 .. tenant-49, and quotas in pool
+    spot and for the whole set for tenant-00 .. tenant-19 (some of them binding)."""
+    for node in snapshot["nodes"]:
+        if rng.random() < 0.1:
+            node["tenant"] = f"tenant-{rng.randrange(5):02d}"
+    group_tenant: dict[str, str] = {}
+    for demand in snapshot["demands"]:
+        tenant = group_tenant.setdefault(demand["group"], f"tenant-{rng.randrange(50):02d}")
+        demand["tenant"] = tenant
+    snapshot["quotas"] = [
+        {"tenant": f"tenant-{index:02d}", "pool": pool, "max_gpus": rng.randrange(0, 400, 8)}
+        for index in range(20)
+        for pool in ("spot", None)
+    ]
 
 
 def _pick(rng: random.Random, weighted: tuple[tuple[int, float], ...]) -> int:

@@ -22,6 +22,7 @@ from gpucap.arbiter.model import (
     Node,
     Plan,
     Pool,
+    Quota,
     Snapshot,
     Unsatisfied,
     Vm,
@@ -80,6 +81,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
     demands = reader.section(
         data, "demands", _DEMAND_FIELDS, reader.demand, required=True, quick=reader.demand_quickly
     )
+    quotas = reader.section(data, "quotas", _QUOTA_FIELDS, reader.quota, required=False)
     if capacity_set is None:
         raise SnapshotError(problems)
     snapshot = Snapshot(
@@ -90,6 +92,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
         demands=tuple(item for _, item in demands),
         deployments=tuple(item for _, item in deployments),
         now=now,
+        quotas=tuple(item for _, item in quotas),
     )
     problems.extend(
         check_snapshot(
@@ -99,6 +102,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
             deployments=deployments,
             vms=vms,
             demands=demands,
+            quotas=quotas,
             unreadable=reader.unreadable,
         )
     )
@@ -127,6 +131,10 @@ def snapshot_to_dict(snapshot: Snapshot) -> dict:
     ]
     data["vms"] = [_vm_to_dict(vm) for vm in snapshot.vms]
     data["demands"] = [_demand_to_dict(d) for d in snapshot.demands]
+    if snapshot.quotas:
+        data["quotas"] = [
+            {"tenant": q.tenant, "pool": q.pool, "max_gpus": q.max_gpus} for q in snapshot.quotas
+        ]
     return data
 
 
@@ -140,6 +148,8 @@ def _demand_to_dict(demand: Demand) -> dict:
     }
     if demand.disk_node is not None:
         data["disk_node"] = demand.disk_node
+    if demand.tenant is not None:
+        data["tenant"] = demand.tenant
     return data
 
 
@@ -228,6 +238,8 @@ def _node_to_dict(node: Node) -> dict:
     data["failed_gpus"] = list(node.failed_gpus)
     if node.partitions is not None:
         data["partitions"] = [list(block) for block in node.partitions]
+    if node.tenant is not None:
+        data["tenant"] = node.tenant
     return data
 
 
@@ -251,16 +263,17 @@ def _vm_to_dict(vm: Vm) -> dict:
 
 
 # Fields of each item: (required, optional). The first required field names the item.
-_TOP_FIELDS = frozenset({"set", "now", "nodes", "pools", "deployments", "vms", "demands"})
+_TOP_FIELDS = frozenset({"set", "now", "nodes", "pools", "deployments", "vms", "demands", "quotas"})
 _SET_FIELDS = (("name", "fabric", "gpu_model"), ())
-_NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions"))
+_NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions", "tenant"))
 _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ("protect_seconds",))
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
 _VM_FIELDS = (
     ("id", "pool", "node", "gpus", "started_at"),
     ("deployment", "state", "tenant", "group"),
 )
-_DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node",))
+_DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node", "tenant"))
+_QUOTA_FIELDS = (("tenant", "max_gpus"), ("pool",))
 
 
 _INT = frozenset({int})
@@ -446,14 +459,16 @@ class _Reader:
         partitions = None
         if raw_partitions is not None:
             partitions = self._partitions(raw_partitions)
+        tenant = item.get("tenant")
         if (
             type(name) is str
             and type(gpus) is int
             and type(state) is str
             and failed is not None
             and (raw_partitions is None or partitions is not None)
+            and (tenant is None or type(tenant) is str)
         ):
-            return _new_node(name, gpus, state, failed, partitions)
+            return _new_node(name, gpus, state, failed, partitions, tenant)
         return None
 
     def _partitions(self, raw: object) -> tuple[tuple[int, ...], ...] | None:
@@ -497,9 +512,17 @@ class _Reader:
                     else:
                         blocks.append(tuple(sorted(block)))
                 partitions = tuple(blocks)
+        tenant = self.text(item, label, "tenant", optional=True)
         if None in (name, gpus, state, failed):
             return None
-        return Node(name=name, gpus=gpus, state=state, failed_gpus=failed, partitions=partitions)
+        return Node(
+            name=name,
+            gpus=gpus,
+            state=state,
+            failed_gpus=failed,
+            partitions=partitions,
+            tenant=tenant,
+        )
 
     def pool(self, item: dict, label: str) -> Pool | None:
         name = self.text(item, label, "name")
@@ -584,10 +607,11 @@ class _Reader:
         """A well-formed demand, read without the per-field helpers (None: let them word its
         problems)."""
         demand_id, group, pool = item.get("id"), item.get("group"), item.get("pool")
-        gpus, requested, disk_node = (
+        gpus, requested, disk_node, tenant = (
             item.get("gpus"),
             item.get("requested_at"),
             item.get("disk_node"),
+            item.get("tenant"),
         )
         moment = self._parse_time(requested) if type(requested) is str else None
         if (
@@ -597,6 +621,7 @@ class _Reader:
             and type(pool) is str
             and type(gpus) is int
             and (disk_node is None or type(disk_node) is str)
+            and (tenant is None or type(tenant) is str)
         ):
             return Demand(
                 id=demand_id,
@@ -605,6 +630,7 @@ class _Reader:
                 gpus=gpus,
                 requested_at=moment,
                 disk_node=disk_node,
+                tenant=tenant,
             )
         return None
 
@@ -617,6 +643,7 @@ class _Reader:
             item.get("requested_at"), label, "requested_at", "requested_at" in item
         )
         disk_node = self.text(item, label, "disk_node", optional=True)
+        tenant = self.text(item, label, "tenant", optional=True)
         if None in (demand_id, group, pool, gpus, requested_at):
             return None
         return Demand(
@@ -626,7 +653,16 @@ class _Reader:
             gpus=gpus,
             requested_at=requested_at,
             disk_node=disk_node,
+            tenant=tenant,
         )
+
+    def quota(self, item: dict, label: str) -> Quota | None:
+        tenant = self.text(item, label, "tenant")
+        pool = self.text(item, label, "pool", optional=True)
+        max_gpus = self.integer(item, label, "max_gpus")
+        if None in (tenant, max_gpus):
+            return None
+        return Quota(tenant=tenant, pool=pool, max_gpus=max_gpus)
 
     def text(self, item: dict, label: str, key: str, *, optional: bool = False) -> str | None:
         value = item.get(key)

@@ -16,7 +16,10 @@ from gpucap.arbiter.model import Plan, Snapshot
 FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
 PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
 PINNED = 5  # held by a running job that one of its VMs elsewhere keeps whole (whole jobs)
-CATEGORIES = 6
+FOREIGN = 6  # held by another tenant's VM on a node dedicated to the demand's tenant
+CATEGORIES = 7
+# A reason lists at most this many VMs or nodes by name.
+LISTED_HOLDERS = 8
 
 
 def block_name(fabric: str, size: int) -> str:
@@ -119,6 +122,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
             f"job that is reclaimed whole or not at all, and another of its VMs may not be "
             f"preempted"
         )
+    if counts[FOREIGN] == total:
+        return (
+            f"no node has a free or reclaimable {block}: every candidate is held by a VM of "
+            f"another tenant on a node dedicated to this tenant, which the arbiter leaves alone"
+        )
     parts = []
     if counts[ON_DEMAND]:
         parts.append(f"{counts[ON_DEMAND]} {_hold(counts[ON_DEMAND])} on-demand VMs")
@@ -136,6 +144,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
     if counts[PINNED]:
         parts.append(
             f"{counts[PINNED]} {_are(counts[PINNED])} held by jobs that cannot be reclaimed whole"
+        )
+    if counts[FOREIGN]:
+        parts.append(
+            f"{counts[FOREIGN]} {_are(counts[FOREIGN])} held by other tenants' VMs on this "
+            f"tenant's dedicated nodes"
         )
     return (
         f"no node has a free or reclaimable {block}: of {total} candidates on ready nodes, "
@@ -193,6 +206,29 @@ def clock(moment: datetime, now: datetime | None = None) -> str:
     if now is None or now.astimezone(UTC).date() != moment.date():
         text = moment.strftime("%Y-%m-%d ") + text
     return text
+
+
+def quota_reason(
+    *, tenant: str, scope: str, max_gpus: int, held: int, holders: list[str], asked: int
+) -> str:
+    """A group its tenant's quota has no room for: the quota, what holds it, what is asked."""
+    listed = ", ".join(holders[:LISTED_HOLDERS])
+    if len(holders) > LISTED_HOLDERS:
+        listed += f" and {len(holders) - LISTED_HOLDERS} more"
+    holding = f"it holds {held}" + (f" ({listed})" if holders else "")
+    return (
+        f"tenant {tenant}'s {scope} is {_gpus(max_gpus)}; {holding} and this group asks for {asked}"
+    )
+
+
+def dedicated_reason(*, block: str, nodes: list[str]) -> str:
+    """What a demand could not use: free partitions on nodes dedicated to other tenants."""
+    count = len(nodes)
+    listed = ", ".join(nodes[:LISTED_HOLDERS])
+    if count > LISTED_HOLDERS:
+        listed += f" and {count - LISTED_HOLDERS} more"
+    noun = "node has" if count == 1 else "nodes have"
+    return f"{count} {noun} a free {block} but {_are(count)} dedicated to other tenants ({listed})"
 
 
 def group_reason(*, group: str, demand: str, gpus: int, reason: str) -> str:
@@ -254,11 +290,42 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
             for b in plan.pools
         ],
     )
+    if snapshot.quotas:
+        lines += ["", "Quotas"]
+        lines += _table(("tenant", "pool", "max", "before", "after"), _quota_rows(snapshot, plan))
     lines += ["", f"Unsatisfied ({len(plan.unsatisfied)})"]
     lines += _table(
         ("demand", "group", "reason"), [(u.demand, u.group, u.reason) for u in plan.unsatisfied]
     )
     return "\n".join(lines) + "\n"
+
+
+def _quota_rows(snapshot: Snapshot, plan: Plan) -> list[tuple[str, ...]]:
+    """Per quota: the GPUs its tenant holds in its scope before the plan and after it."""
+    demands = {demand.id: demand for demand in snapshot.demands}
+    rows = []
+    for quota in snapshot.quotas:
+        before = sum(
+            len(vm.gpus)
+            for vm in snapshot.vms
+            if vm.tenant == quota.tenant and quota.pool in (None, vm.pool)
+        )
+        placed = sum(
+            len(p.gpus)
+            for p in plan.placements
+            if demands[p.demand].tenant == quota.tenant
+            and quota.pool in (None, demands[p.demand].pool)
+        )
+        rows.append(
+            (
+                quota.tenant,
+                quota.pool or "(whole set)",
+                str(quota.max_gpus),
+                str(before),
+                str(before + placed),
+            )
+        )
+    return rows
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

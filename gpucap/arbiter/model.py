@@ -34,6 +34,27 @@ file is read unchanged):
   serve waits; its unsatisfied entry then carries ``"waits_until"``, the moment the cheapest
   plan that ignores protection could go ahead (see ``protection``).
 
+- demand ``"tenant"``: the tenant asking (a string, or null/absent for none). It decides which
+  dedicated nodes the demand may use and which quotas it counts against. The demands of one
+  group must name the same tenant.
+- node ``"tenant"``: the node is dedicated to that tenant (null/absent: shared). Only demands of
+  that tenant are placed on it, whatever their pool, and it is never free capacity for anyone
+  else: other demands neither take its free GPUs nor reclaim its VMs. Its VMs of that tenant
+  may be reclaimed by that tenant's higher-ranked demands under the usual rules; a VM of any
+  other tenant (or of none) on it is left alone by the arbiter (not a victim for anyone: the
+  Django layer moves it off with notices, as for a drain). A running job with members both on
+  a tenant's dedicated nodes and elsewhere is never reclaimed. A tenant's demands take free
+  capacity on its dedicated nodes before shared free capacity.
+- top level ``"quotas"``: a list of ``{"tenant": str, "pool": str or null, "max_gpus": int
+  >= 0}``, at most one per tenant and pool. ``pool`` null means the whole set (a quota per GPU
+  model: for a quota spanning several sets the Django layer passes the headroom left for this
+  set, i.e. ``max_gpus`` minus what the tenant holds in the model's other sets). A tenant holds,
+  in a quota's scope, the GPUs of its running and notified VMs (notified VMs hold theirs until
+  their deadline) plus the plan's placements of its demands. No plan places past a quota: a
+  group whose placement would take its tenant past any quota is unsatisfied whole, with a
+  reason naming the quota, what the tenant holds and by which VMs, and what the group asks.
+  Quotas never preempt anything, and a quota below current use only blocks new placements.
+
 Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
 placements and subtract its preemptions (``after_gpus``).
 """
@@ -103,6 +124,8 @@ class Node(_Frozen):
     failed_gpus: tuple[int, ...] = ()
     # The node's partition table in GPU-index terms; None means the default table.
     partitions: tuple[tuple[int, ...], ...] | None = None
+    # The tenant the node is dedicated to; None: shared by every tenant of the set.
+    tenant: str | None = None
 
 
 @_frozen
@@ -150,6 +173,16 @@ class Demand(_Frozen):
     gpus: int
     requested_at: datetime
     disk_node: str | None = None
+    tenant: str | None = None
+
+
+@_frozen
+class Quota(_Frozen):
+    """The most GPUs a tenant may hold in one pool, or in the whole set (``pool`` None)."""
+
+    tenant: str
+    pool: str | None
+    max_gpus: int
 
 
 @_frozen
@@ -163,6 +196,7 @@ class Snapshot(_Frozen):
     demands: tuple[Demand, ...] = ()
     deployments: tuple[Deployment, ...] = ()
     now: datetime | None = None
+    quotas: tuple[Quota, ...] = ()
 
 
 @_frozen

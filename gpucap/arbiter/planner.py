@@ -79,6 +79,18 @@ grouped by what they take from each pool and deployment: one check decides a who
 group that would break a floor is parked (for the rest of the plan, or until the rollback of the
 attempt that used up the headroom). The cheapest legal reclaim is thus found in O(log n) even
 when floors bind everywhere, and it is still the true minimum.
+
+Tenant allocation (issue 19, tenancy.py). Quotas are checked once per group, before it is
+tried: what a tenant holds only grows during a plan, so a group its tenant's quotas have no
+room for is unsatisfied whole, and nothing is tried or preempted for it. Dedicated nodes get
+indexes of their own: per tenant, free heaps and reclaims (`_Reclaims` with a ``tenant``) over
+its dedicated nodes only, and the shared indexes never see them. A group is served in its
+tenant's scope (`_enter_scope`): free capacity on its dedicated nodes first, then shared; the
+cheaper of the two scopes' reclaims; and its search over the shared nodes and its own. Another
+tenant's VM on a dedicated node is fixed (never a victim), and a running job with members in
+two scopes is kept whole, so a reclaim for one tenant never reaches into another's nodes. A
+snapshot without quotas or dedicated nodes takes none of these paths: it is planned exactly as
+before, with one shared scope.
 """
 
 from __future__ import annotations
@@ -101,6 +113,7 @@ from gpucap.arbiter.model import (
     Vm,
 )
 from gpucap.arbiter.search import GroupSearch
+from gpucap.arbiter.tenancy import QuotaBook
 from gpucap.arbiter.topology import FIT_SLOT, gpu_mask, partition_table
 
 __all__ = ["disruption_cost", "plan"]
@@ -144,7 +157,10 @@ def plan(snapshot: Snapshot) -> Plan:
     )
     # Waits that protection causes say until when (rule 3a, protection.py).
     return protection.explain_waits(
-        snapshot, result, lambda: _Planner(snapshot, protect=False).run()
+        snapshot,
+        result,
+        lambda: _Planner(snapshot, protect=False).run(),
+        keep=frozenset(planner.over_quota),
     )
 
 
@@ -291,9 +307,11 @@ class _Reclaims:
     version and are dropped when they surface.
     """
 
-    def __init__(self, planner: _Planner, size: int) -> None:
+    def __init__(self, planner: _Planner, size: int, tenant: str | None = None) -> None:
         self.planner = planner
         self.size = size
+        # Whose nodes it indexes: the shared ones (None) or those dedicated to this tenant.
+        self.tenant = tenant
         count = len(planner.node_names)
         self.heaps: dict[tuple, list] = {}
         self.tops: list[tuple[tuple, tuple]] = []
@@ -305,7 +323,10 @@ class _Reclaims:
         # Ready partitions no reclaim can free, by explain category.
         self.blocked = [0] * explain.CATEGORIES
         self.unready = 0  # nodes not ready that have partitions of this size
+        node_tenant = planner.node_tenant
         for node, table in enumerate(planner.tables):
+            if node_tenant[node] != tenant:
+                continue
             if planner.ready[node]:
                 self.index(node, initial=True)
             elif size in table.by_size:
@@ -488,6 +509,23 @@ class _Reclaims:
         return heap[0][0] if heap else None
 
 
+def _heap_nodes(heaps: list[list], version: list[int], limit: int) -> list[int]:
+    """Up to ``limit`` nodes of current entries in the free-partition ``heaps``, best fit
+    first, read only: a best-first walk that leaves the heaps as they are."""
+    nodes: list[int] = []
+    frontier = [(heap[0], position, 0) for position, heap in enumerate(heaps) if heap]
+    heapq.heapify(frontier)
+    while frontier and len(nodes) < limit:
+        entry, position, index = heapq.heappop(frontier)
+        if entry[3] == version[entry[1]]:
+            nodes.append(entry[1])
+        heap = heaps[position]
+        for child in (2 * index + 1, 2 * index + 2):
+            if child < len(heap):
+                heapq.heappush(frontier, (heap[child], position, child))
+    return nodes
+
+
 def _count_by_size(demands: list[Demand]) -> dict[int, int]:
     """How many of the demands want each size, sizes in increasing order."""
     counts: dict[int, int] = {}
@@ -571,9 +609,16 @@ class _Planner:
         self.preemptions: list[Preemption] = []
         self.unsatisfied: list[Unsatisfied] = []
         self.free_heaps: dict[int, list] = {}
-        self.reclaims: dict[int, _Reclaims] = {}  # block size -> index, built on first need
+        # Block size (shared nodes) or (size, tenant) (its dedicated nodes) -> reclaims index,
+        # built on first need.
+        self.reclaims: dict[int | tuple[int, str], _Reclaims] = {}
         self.searches: list[tuple[int, bool]] = []  # (states expanded, cut short) per search
         self._build_free_heaps()
+        # Quotas (tenancy.py): None without any. Groups refused for one: their ids.
+        self.quota_book = QuotaBook(snapshot) if snapshot.quotas else None
+        self.over_quota: list[str] = []
+        self._scopes: dict[str | None, list[int]] = {}  # tenant -> the ready nodes it may use
+        self._enter_scope(None)
         self._begin()
 
     # -- indexes ---------------------------------------------------------------------------
@@ -599,6 +644,9 @@ class _Planner:
         self.tables: list[_Table] = []
         self.ready = [node.state == "ready" for node in nodes]
         self.ready_nodes = [index for index, ready in enumerate(self.ready) if ready]
+        # Dedicated nodes: per node the tenant it serves alone (None: shared).
+        self.node_tenant = [node.tenant for node in nodes]
+        self.dedicated = sorted({tenant for tenant in self.node_tenant if tenant is not None})
         self.failed = [gpu_mask(node.failed_gpus) for node in nodes]
         for node in nodes:
             blocks = partition_table(node, self.fabric)
@@ -615,6 +663,7 @@ class _Planner:
         self.notified = [0] * count
         self.protected_gpus = [0] * count
         self.pinned_gpus = [0] * count  # members of jobs that cannot be reclaimed whole
+        self.foreign_gpus = [0] * count  # other tenants' VMs on a dedicated node
         self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
     def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
@@ -623,6 +672,7 @@ class _Planner:
         ranks = [pool.rank for pool in self.pools]
         on_demand = [pool.kind == "on_demand" for pool in self.pools]
         protected = self.protected
+        node_tenant = self.node_tenant
         masks: dict[tuple[int, ...], int] = {}  # fleets repeat a few GPU sets many times
         for vm in snapshot.vms:
             pool = pool_index[vm.pool]
@@ -647,6 +697,11 @@ class _Planner:
                 fixed[node] |= mask  # rule 3a: fresh work is no victim
                 self.protected_gpus[node] |= mask
                 continue
+            owner = node_tenant[node]
+            if owner is not None and vm.tenant != owner:
+                fixed[node] |= mask  # another tenant's VM on a dedicated node: left alone
+                self.foreign_gpus[node] |= mask
+                continue
             node_vms[node].append(_Vm(vm, pool, ranks[pool], deployment, node, mask))
         self._index_jobs(snapshot)
         self.held_before = list(self.held)
@@ -669,8 +724,12 @@ class _Planner:
         for vm in snapshot.vms:
             if vm.group is not None and vm.state != "notified":
                 running[vm.group] = running.get(vm.group, 0) + 1
+        node_tenant = self.node_tenant
         for group, members in jobs.items():
-            if len(members) < running[group]:  # a member may not be preempted: none may
+            if len(members) < running[group] or (
+                # members on a tenant's dedicated nodes and elsewhere: no demand may take all
+                self.dedicated and len({node_tenant[member.node] for member in members}) > 1
+            ):
                 for member in members:
                     self.node_vms[member.node].remove(member)
                     self.fixed[member.node] |= member.mask
@@ -681,21 +740,55 @@ class _Planner:
                     self.job_nodes.add(member.node)
 
     def _build_free_heaps(self) -> None:
-        heaps: dict[int, list] = {}
+        """Per block size, a heap of each ready node's best-fit free partition: one set of
+        heaps for the shared nodes (``free_heaps``), one per tenant for its dedicated nodes
+        (``tenant_heaps``); ``node_heaps`` names each node's."""
+        self.free_heaps = {}
+        self.tenant_heaps: dict[str, dict[int, list]] = {tenant: {} for tenant in self.dedicated}
+        self.node_heaps = [
+            self.free_heaps if tenant is None else self.tenant_heaps[tenant]
+            for tenant in self.node_tenant
+        ]
         for node, table in enumerate(self.tables):
             if not self.ready[node]:
                 continue
+            heaps = self.node_heaps[node]
             for size, key, block in table.free_fits(self.busy[node], self.fixed[node]):
                 heaps.setdefault(size, []).append((key, node, block, 0))
-        for heap in heaps.values():
-            heapq.heapify(heap)
-        self.free_heaps = heaps
+        for heaps in (self.free_heaps, *self.tenant_heaps.values()):
+            for heap in heaps.values():
+                heapq.heapify(heap)
 
-    def _reclaims_of(self, size: int) -> _Reclaims:
-        reclaims = self.reclaims.get(size)
+    def _reclaims_of(self, size: int, tenant: str | None = None) -> _Reclaims:
+        """The reclaims of this size on the shared nodes, or on ``tenant``'s dedicated ones."""
+        key = size if tenant is None else (size, tenant)
+        reclaims = self.reclaims.get(key)
         if reclaims is None:
-            reclaims = self.reclaims[size] = _Reclaims(self, size)
+            reclaims = self.reclaims[key] = _Reclaims(self, size, tenant)
         return reclaims
+
+    def _scoped_reclaims(self, size: int) -> list[_Reclaims]:
+        """The reclaims the group being served may make: on shared nodes, and on its tenant's
+        dedicated nodes if it has any."""
+        if self._own_heaps is None:
+            return [self._reclaims_of(size)]
+        return [self._reclaims_of(size), self._reclaims_of(size, self._tenant)]
+
+    def _enter_scope(self, tenant: str | None) -> None:
+        """Serve the next group as ``tenant``'s: the nodes it may use are the shared ones and
+        those dedicated to it (`_own_heaps` is None when it has none)."""
+        self._tenant = tenant
+        self._own_heaps = self.tenant_heaps.get(tenant) if tenant is not None else None
+        if not self.dedicated:
+            self._scope_nodes = self.ready_nodes
+            return
+        nodes = self._scopes.get(tenant)
+        if nodes is None:
+            node_tenant = self.node_tenant
+            nodes = self._scopes[tenant] = [
+                node for node in self.ready_nodes if node_tenant[node] in (None, tenant)
+            ]
+        self._scope_nodes = nodes
 
     def blocker(self, node: int, mask: int) -> int:
         """Why a partition can be neither given nor reclaimed (an explain category)."""
@@ -710,6 +803,9 @@ class _Planner:
             return explain.PROTECTED  # and by nothing else (on-demand outlasts protection)
         if mask & pinned and not mask & self.fixed[node] & ~(pinned | protected):
             return explain.PINNED  # spot members of jobs a VM elsewhere keeps whole
+        foreign = self.foreign_gpus[node]
+        if mask & foreign and not mask & self.fixed[node] & ~(foreign | pinned | protected):
+            return explain.FOREIGN  # other tenants' VMs on a dedicated node
         return explain.ON_DEMAND
 
     def _refresh(self, node: int, indexed: dict[int, tuple] | None = None) -> None:
@@ -719,9 +815,13 @@ class _Planner:
         if not self.ready[node]:
             return
         version = self.version[node]
+        heaps = self.node_heaps[node]
         for size, key, block in self.tables[node].free_fits(self.busy[node], self.fixed[node]):
-            heapq.heappush(self.free_heaps.setdefault(size, []), (key, node, block, version))
+            heapq.heappush(heaps.setdefault(size, []), (key, node, block, version))
+        tenant = self.node_tenant[node]
         for size, reclaims in self.reclaims.items():
+            if reclaims.tenant != tenant:
+                continue  # indexes another scope's nodes
             if indexed is not None and size in indexed:
                 reclaims.restore(node, indexed[size])
             else:
@@ -743,12 +843,36 @@ class _Planner:
                 group,
             ),
         )
+        tenancy = self.quota_book is not None or bool(self.dedicated)
         for group in self.order:
             demands = groups[group]
             demands.sort(key=lambda d: (-d.gpus, d.requested_at, d.id))
-            self._serve(group, demands)
+            if tenancy:
+                self._serve_as_tenant(group, demands)
+            else:
+                self._serve(group, demands)
         self._prefer_disks()
         return self._result()
+
+    def _serve_as_tenant(self, group: str, demands: list[Demand]) -> None:
+        """Serve a group within its tenant's quotas, on the nodes its tenant may use."""
+        tenant = demands[0].tenant  # a group's demands share one (validation)
+        book = self.quota_book
+        if book is not None:
+            refusal = book.refusal(tenant, demands)
+            if refusal is not None:
+                self.over_quota.append(group)
+                for demand in demands:
+                    self.unsatisfied.append(
+                        Unsatisfied(demand=demand.id, group=group, reason=refusal)
+                    )
+                return
+        self._enter_scope(tenant)
+        placed = len(self.placements)
+        self._serve(group, demands)
+        self._enter_scope(None)
+        if book is not None and len(self.placements) > placed:
+            book.add(tenant, demands)
 
     def _prefer_disks(self) -> None:
         """Move placements on free capacity to the node that holds their demand's disk
@@ -761,10 +885,14 @@ class _Planner:
         served, who is preempted, and every pool's balance are exactly the plan's; only where
         a VM that preempts nobody lands changes, and the free capacity left is packed as well."""
         disks = {d.id: d.disk_node for d in self.demands if d.disk_node is not None}
+        tenants = {d.id: d.tenant for d in self.demands} if self.dedicated else {}
         for position, placement in enumerate(self.placements):
             disk = self.node_position.get(disks.get(placement.demand, ""))
             if disk is None or placement.preempts or not self.ready[disk]:
                 continue
+            owner = self.node_tenant[disk]
+            if owner is not None and owner != tenants[placement.demand]:
+                continue  # dedicated to another tenant
             node = self.node_position[placement.node]
             if node == disk:
                 continue
@@ -898,7 +1026,7 @@ class _Planner:
         whole = len(self.ready_nodes) <= _WHOLE_SET_NODES
         if bound is not None and least is not None and not whole and bound[0] == least[0]:
             return None  # no placement costs less (`least`), and on a large set ties are kept
-        region = self.ready_nodes if whole else self._region(demands, bound, used, free, wanted)
+        region = self._scope_nodes if whole else self._region(demands, bound, used, free, wanted)
         kinds = [(demand.gpus, self._demand_rank(demand)) for demand in demands]
         search = GroupSearch(
             nodes=[
@@ -934,11 +1062,12 @@ class _Planner:
         rank = min(self._demand_rank(demand) for demand in demands)
         least = None
         for size in sorted({demand.gpus for demand in demands} - set(outside_free)):
-            key = self._reclaims_of(size).legal_top()
-            if key is not None and -key[0] > rank:
-                candidate = (key[:4], (key[4],), key[5])
-                if least is None or candidate < least:
-                    least = candidate
+            for reclaims in self._scoped_reclaims(size):
+                key = reclaims.legal_top()
+                if key is not None and -key[0] > rank:
+                    candidate = (key[:4], (key[4],), key[5])
+                    if least is None or candidate < least:
+                        least = candidate
         return least
 
     def _free_nodes_by_size(self, wanted: dict[int, int]) -> dict[int, list[int]]:
@@ -970,7 +1099,8 @@ class _Planner:
                 continue
             limit = _REGION_RECLAIMS_PER_DEMAND * wanted[size]
             cost = bound[0] if bound is not None else None
-            nodes.update(self._reclaims_of(size).nearest_nodes(cost, rank, limit))
+            for reclaims in self._scoped_reclaims(size):
+                nodes.update(reclaims.nearest_nodes(cost, rank, limit))
         # A reclaim there preempts whole jobs: their members' nodes are part of the outcome.
         for node in list(nodes):
             for vm in self.node_vms[node]:
@@ -978,19 +1108,12 @@ class _Planner:
         return sorted(nodes)
 
     def _free_nodes(self, size: int, limit: int) -> list[int]:
-        """Up to ``limit`` nodes with a free partition of this size, best fit first (read only)."""
-        heap = self.free_heaps.get(size, [])
-        version = self.version
-        nodes: list[int] = []
-        frontier = [(heap[0], 0)] if heap else []
-        while frontier and len(nodes) < limit:
-            entry, index = heapq.heappop(frontier)
-            if entry[3] == version[entry[1]]:
-                nodes.append(entry[1])
-            for child in (2 * index + 1, 2 * index + 2):
-                if child < len(heap):
-                    heapq.heappush(frontier, (heap[child], child))
-        return nodes
+        """Up to ``limit`` nodes with a free partition of this size that the group being served
+        may use, best fit first (read only)."""
+        heaps = [self.free_heaps.get(size, [])]
+        if self._own_heaps is not None:
+            heaps.append(self._own_heaps.get(size, []))
+        return _heap_nodes(heaps, self.version, limit)
 
     def _place_steps(self, steps: list[tuple[Demand, int, int]]) -> None:
         for demand, node, block in steps:
@@ -1060,7 +1183,13 @@ class _Planner:
         return self.pools[self.pool_index[demand.pool]].rank
 
     def _place_free(self, demand: Demand) -> bool:
-        heap = self.free_heaps.get(demand.gpus)
+        """Place the demand on its best-fit free partition; a tenant's dedicated nodes first."""
+        own = self._own_heaps
+        if own is not None and self._place_free_on(own.get(demand.gpus), demand):
+            return True
+        return self._place_free_on(self.free_heaps.get(demand.gpus), demand)
+
+    def _place_free_on(self, heap: list | None, demand: Demand) -> bool:
         version = self.version
         while heap:
             _, node, block, entry_version = heap[0]
@@ -1072,7 +1201,20 @@ class _Planner:
         return False
 
     def _cheapest_reclaim(self, demand: Demand) -> tuple[int, int, list[_Vm]] | None:
-        return self._reclaims_of(demand.gpus).cheapest(self._demand_rank(demand))
+        if self._own_heaps is None:
+            return self._reclaims_of(demand.gpus).cheapest(self._demand_rank(demand))
+        # The tenant has dedicated nodes: the cheaper of their reclaims and the shared ones.
+        rank = self._demand_rank(demand)
+        best = None
+        for reclaims in self._scoped_reclaims(demand.gpus):
+            key = reclaims.legal_top()
+            if key is not None and -key[0] > rank and (best is None or key < best[0]):
+                best = (key, reclaims)
+        if best is None:
+            return None
+        key, reclaims = best
+        node, block = key[4], key[6]
+        return node, block, reclaims.victims[node][block]
 
     def breach(self, take: tuple) -> tuple | None:
         """The floor a reclaim with this take would break now, or None (rule 2)."""
@@ -1207,18 +1349,43 @@ class _Planner:
     # -- why a demand waits ----------------------------------------------------------------
 
     def _why_unplaced(self, demand: Demand) -> str:
+        reason = self._why_unplaced_shared(demand)
+        if self.dedicated:
+            nodes = self._free_elsewhere(demand.gpus)
+            if nodes:
+                block = explain.block_name(self.fabric, demand.gpus)
+                reason += "; " + explain.dedicated_reason(block=block, nodes=nodes)
+        return reason
+
+    def _free_elsewhere(self, size: int) -> list[str]:
+        """Nodes dedicated to tenants other than the group's that have a free partition of
+        this size: capacity the group may not use."""
+        version = self.version
+        nodes: set[int] = set()
+        for tenant, heaps in self.tenant_heaps.items():
+            if tenant != self._tenant:
+                nodes.update(
+                    entry[1] for entry in heaps.get(size, ()) if entry[3] == version[entry[1]]
+                )
+        return sorted(self.node_names[node] for node in nodes)
+
+    def _why_unplaced_shared(self, demand: Demand) -> str:
+        """Why the demand cannot be placed, judged on the nodes it may use (the shared ones
+        and its tenant's dedicated ones)."""
         size = demand.gpus
         demand_pool = self.pools[self.pool_index[demand.pool]]
         block = explain.block_name(self.fabric, size)
-        reclaims = self._reclaims_of(size)
-        breach = reclaims.floor_stop(demand_pool.rank)
-        if breach is not None:
-            return self._floor_words(block, breach)
+        scopes = self._scoped_reclaims(size)
+        for reclaims in scopes:
+            breach = reclaims.floor_stop(demand_pool.rank)
+            if breach is not None:
+                return self._floor_words(block, breach)
         if demand_pool is self.pools[-1]:
             return explain.lowest_rank_reason(
                 block=block, demand_pool=demand_pool.name, demand_rank=demand_pool.rank
             )
-        key = reclaims.cheapest_any()
+        keys = [key for key in (reclaims.cheapest_any() for reclaims in scopes) if key is not None]
+        key = min(keys) if keys else None
         if key is not None:
             victim_pool = self.pool_by_rank[-key[0]]
             return explain.rank_reason(
@@ -1228,9 +1395,13 @@ class _Planner:
                 demand_pool=demand_pool.name,
                 demand_rank=demand_pool.rank,
             )
-        if sum(reclaims.blocked) == 0:
-            return explain.no_block_reason(block=block, unready_nodes=reclaims.unready)
-        return explain.blocked_reason(block=block, counts=reclaims.blocked)
+        blocked = [
+            sum(counts) for counts in zip(*(reclaims.blocked for reclaims in scopes), strict=True)
+        ]
+        if sum(blocked) == 0:
+            unready = sum(reclaims.unready for reclaims in scopes)
+            return explain.no_block_reason(block=block, unready_nodes=unready)
+        return explain.blocked_reason(block=block, counts=blocked)
 
     def _floor_words(self, block: str, breach: tuple) -> str:
         kind, index = breach

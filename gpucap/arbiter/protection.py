@@ -50,9 +50,15 @@ def protected_vms(snapshot: Snapshot) -> dict[str, datetime]:
     return protected
 
 
-def explain_waits(snapshot: Snapshot, plan: Plan, unprotected: Callable[[], Plan]) -> Plan:
+def explain_waits(
+    snapshot: Snapshot,
+    plan: Plan,
+    unprotected: Callable[[], Plan],
+    keep: frozenset[str] = frozenset(),
+) -> Plan:
     """``plan`` with the waits that protection causes explained and timed (see module docs).
-    ``unprotected`` makes the plan of the same snapshot with protection ignored."""
+    ``unprotected`` makes the plan of the same snapshot with protection ignored; the groups in
+    ``keep`` (refused for a quota) keep their reasons whatever that plan does."""
     protected = protected_vms(snapshot)
     if not plan.unsatisfied or not protected:
         return plan
@@ -81,7 +87,7 @@ def explain_waits(snapshot: Snapshot, plan: Plan, unprotected: Callable[[], Plan
     unsatisfied = []
     for entry in plan.unsatisfied:
         found = until.get(entry.group)
-        if found is None:
+        if found is None or entry.group in keep:
             unsatisfied.append(entry)
             continue
         end, vm_id = found

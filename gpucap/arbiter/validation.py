@@ -24,6 +24,7 @@ from gpucap.arbiter.model import (
     Snapshot,
     Vm,
 )
+from gpucap.arbiter.tenancy import tenancy_problems
 from gpucap.arbiter.topology import (
     gpu_count_problem,
     gpu_mask,
@@ -43,6 +44,7 @@ def snapshot_problems(snapshot: Snapshot) -> list[str]:
         deployments=_labelled("deployments", snapshot.deployments, "name"),
         vms=_labelled("vms", snapshot.vms, "id"),
         demands=_labelled("demands", snapshot.demands, "id"),
+        quotas=_labelled("quotas", snapshot.quotas, "tenant"),
     )
 
 
@@ -61,6 +63,7 @@ def check_snapshot(
     deployments: Labelled,
     vms: Labelled,
     demands: Labelled,
+    quotas: Labelled | None = None,
     unreadable: dict[str, set[str]] | None = None,
 ) -> list[str]:
     """The checks behind `snapshot_problems`, on items that carry their own labels.
@@ -83,6 +86,15 @@ def check_snapshot(
         vms, fabric, node_by_name, pool_by_name, deployment_by_name, unreadable, problems
     )
     _check_demands(demands, fabric, pool_by_name, node_by_name, vm_ids, unreadable, problems)
+    problems.extend(
+        tenancy_problems(
+            nodes=nodes,
+            demands=demands,
+            quotas=quotas or [],
+            pool_names=set(pool_by_name),
+            unreadable_pools=unreadable.get("pools", set()),
+        )
+    )
     return [one_line(problem) for problem in problems]
 
 

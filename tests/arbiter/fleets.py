@@ -14,6 +14,7 @@ from gpucap.arbiter.model import (
     Deployment,
     Node,
     Pool,
+    Quota,
     Snapshot,
     Vm,
 )
@@ -62,6 +63,7 @@ def snapshot(
     vms: list[Vm] | None = None,
     demands: list[Demand] | None = None,
     deployments: list[Deployment] | None = None,
+    quotas: list[Quota] | None = None,
 ) -> Snapshot:
     return Snapshot(
         capacity_set=CapacitySet(name="test-set", fabric=fabric, gpu_model="H100"),
@@ -71,6 +73,7 @@ def snapshot(
         demands=tuple(demands or ()),
         deployments=tuple(deployments or ()),
         now=at(600),
+        quotas=tuple(quotas or ()),
     )
 
 
@@ -86,13 +89,29 @@ def vm(vm_id: str, pool: str, node: str, gpus: tuple[int, ...], minute: int = 0,
     return Vm(id=vm_id, pool=pool, node=node, gpus=tuple(gpus), started_at=at(minute), **extra)
 
 
-def demand(demand_id: str, pool: str, gpus: int, *, group: str | None = None, minute: int = 300):
+def demand(
+    demand_id: str,
+    pool: str,
+    gpus: int,
+    *,
+    group: str | None = None,
+    minute: int = 300,
+    tenant: str | None = None,
+):
     return Demand(
-        id=demand_id, group=group or demand_id, pool=pool, gpus=gpus, requested_at=at(minute)
+        id=demand_id,
+        group=group or demand_id,
+        pool=pool,
+        gpus=gpus,
+        requested_at=at(minute),
+        tenant=tenant,
     )
 
 
 POOL_KINDS = ("on_demand", "spot", "inference")
+# Tenants of random sets with tenancy: VMs, demand groups, dedicated nodes and quotas.
+TENANTS = ("acme", "globex")
+QUOTA_SIZES = (0, 1, 2, 4, 6, 8, 8, 12, 16, 24)
 # A pool's protect_seconds in random sets. VMs start at minutes 0-240 and sets plan at minute
 # 600, so these protect none, about a quarter, about 60 % or nearly all of a pool's VMs.
 PROTECT_CHOICES = (0, 0, 0, 420 * 60, 500 * 60, 600 * 60)
@@ -110,6 +129,7 @@ def snapshots(
     victim_kinds: tuple[str, ...] | None = None,
     crowded: bool = False,
     max_jobs: int = 0,
+    tenancy: bool = False,
 ) -> Snapshot:
     """A random, valid capacity set: nodes of both fabrics with default, HGX and crossed
     tables, failed GPUs and cordoned nodes; 2-4 ranked pools with floors; inference deployments
@@ -117,7 +137,9 @@ def snapshots(
     multi-VM jobs (2-4 VMs sharing a group, on one node or several, any pools; none by default,
     for references that do not model jobs); demands alone
     or in up to ``max_groups`` shared groups. ``max_groups=0`` makes every demand a group of
-    one. ``crowded`` fills the nodes up, so that most demands need a reclaim."""
+    one. ``crowded`` fills the nodes up, so that most demands need a reclaim. ``tenancy`` gives
+    demand groups tenants, dedicates some nodes to tenants and adds up to three quotas (off by
+    default, for references that do not model tenants)."""
     fabric = fabric or draw(st.sampled_from(("nvswitch", "pcie")))
     pool_count = draw(st.integers(2, 4))
     kind_choices = victim_kinds or ("spot", "spot", "inference", "on_demand")
@@ -154,7 +176,8 @@ def snapshots(
                 partitions = draw(st.sampled_from((None, None, HGX_PAIRS, CROSSED)))
         state = draw(st.sampled_from(("ready",) * 10 + ("cordoned", "down")))
         failed = tuple(draw(st.sets(st.integers(0, gpus - 1), max_size=1)))
-        nodes.append(Node(f"n{index + 1:03d}", gpus, state, failed, partitions))
+        tenant = draw(st.sampled_from((None, None, None, *TENANTS))) if tenancy else None
+        nodes.append(Node(f"n{index + 1:03d}", gpus, state, failed, partitions, tenant))
     vms = []
     for node in nodes:
         table = partition_table(node, fabric)
@@ -178,17 +201,20 @@ def snapshots(
                     started_at=at(draw(st.integers(0, 240))),
                     deployment=deployment,
                     state=draw(st.sampled_from(("running",) * 7 + ("notified",))),
-                    tenant=draw(st.sampled_from((None, "acme", "globex"))),
+                    tenant=_vm_tenant(draw, node),
                 )
             )
     vms = _with_jobs(draw, vms, max_jobs)
     sizes = (1,) if fabric == "pcie" else (1, 1, 2, 2, 4, 4, 8)
     demand_count = draw(st.integers(min_demands, max_demands))
     demands = []
+    group_tenants: dict[str, str | None] = {}
     for index in range(demand_count):
         # About half the demands are groups of one; the rest share up to max_groups groups.
         shared = draw(st.integers(0, max_groups))
         group = f"g{shared}" if shared else f"d{index + 1}"
+        if group not in group_tenants:
+            group_tenants[group] = draw(st.sampled_from((None, *TENANTS))) if tenancy else None
         demands.append(
             Demand(
                 id=f"d{index + 1}",
@@ -196,8 +222,21 @@ def snapshots(
                 pool=draw(st.sampled_from(pools[:-1])).name,
                 gpus=draw(st.sampled_from(sizes)),
                 requested_at=at(300 + draw(st.integers(0, 30))),
+                tenant=group_tenants[group],
             )
         )
+    quotas = []
+    if tenancy:
+        scopes = draw(
+            st.lists(
+                st.tuples(st.sampled_from(TENANTS), st.sampled_from((None, *names))),
+                max_size=3,
+                unique=True,
+            )
+        )
+        quotas = [
+            Quota(tenant, pool, draw(st.sampled_from(QUOTA_SIZES))) for tenant, pool in scopes
+        ]
     return Snapshot(
         capacity_set=CapacitySet(name="random", fabric=fabric, gpu_model="H100"),
         nodes=tuple(nodes),
@@ -206,7 +245,15 @@ def snapshots(
         demands=tuple(demands),
         deployments=tuple(deployments),
         now=at(600),
+        quotas=tuple(quotas),
     )
+
+
+def _vm_tenant(draw, node: Node) -> str | None:
+    """Any tenant; on a dedicated node mostly the node's (the rest are moving off it)."""
+    if node.tenant is not None and draw(st.sampled_from((True, True, True, False))):
+        return node.tenant
+    return draw(st.sampled_from((None, *TENANTS)))
 
 
 def _with_jobs(draw, vms: list[Vm], max_jobs: int) -> list[Vm]:

@@ -81,6 +81,17 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
             )
         if not p.reason:
             problems.append(f"preemption of {p.vm} has no reason")
+        owner = nodes[victim.node].tenant if victim.node in nodes else None
+        if owner is not None and served.tenant != owner:
+            problems.append(
+                f"dedicated node: {p.vm} on {victim.node} (tenant {owner}) preempted for "
+                f"{served.id} of tenant {served.tenant}"
+            )
+        if owner is not None and victim.tenant != owner:
+            problems.append(
+                f"dedicated node: {p.vm} of tenant {victim.tenant} on {victim.node} (tenant "
+                f"{owner}) preempted; the arbiter leaves other tenants' VMs there alone"
+            )
 
     # Running jobs are reclaimed whole or not at all.
     jobs: dict[str, list[str]] = {}
@@ -141,13 +152,20 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         gpus = tuple(placement.gpus)
         if node.state != "ready":
             problems.append(f"placement of {demand.id} on {node.name}, which is {node.state}")
+        if node.tenant is not None and demand.tenant != node.tenant:
+            problems.append(
+                f"dedicated node: {demand.id} of tenant {demand.tenant} placed on {node.name}, "
+                f"dedicated to {node.tenant}"
+            )
         if len(gpus) != demand.gpus:
             problems.append(f"placement of {demand.id} has {len(gpus)} GPUs, wants {demand.gpus}")
         if gpus not in partition_table(node, fabric):
             problems.append(f"rule 5: {demand.id} given {gpus}, not a partition of {node.name}")
         if set(gpus) & set(node.failed_gpus):
             problems.append(f"{demand.id} given a failed GPU on {node.name}")
-        if placement.preempts and _free_block_exists(snapshot, node_free=free, size=demand.gpus):
+        if placement.preempts and _free_block_exists(
+            snapshot, node_free=free, size=demand.gpus, tenant=demand.tenant
+        ):
             problems.append(f"rule 6: {demand.id} preempts while a free partition exists")
         for vm_id in placement.preempts:
             if preempted.get(vm_id) != demand.id:
@@ -193,13 +211,42 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
     actual = [(b.name, b.before_gpus, b.after_gpus, b.floor_gpus) for b in plan.pools]
     if actual != expected:
         problems.append(f"pool balances {actual} != {expected}")
+    problems += _quota_violations(snapshot, plan)
     return problems
 
 
-def _free_block_exists(snapshot: Snapshot, *, node_free: set, size: int) -> bool:
+def _quota_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
+    """No plan places past a quota: where it places anything of a tenant in a quota's scope,
+    the tenant's running and notified VMs there plus the plan's placements fit the quota."""
+    demands = {demand.id: demand for demand in snapshot.demands}
+    problems = []
+    for quota in snapshot.quotas:
+
+        def in_scope(tenant, pool, quota=quota):
+            return tenant == quota.tenant and quota.pool in (None, pool)
+
+        held = sum(len(vm.gpus) for vm in snapshot.vms if in_scope(vm.tenant, vm.pool))
+        placed = sum(
+            len(p.gpus)
+            for p in plan.placements
+            if in_scope(demands[p.demand].tenant, demands[p.demand].pool)
+        )
+        if placed and held + placed > quota.max_gpus:
+            problems.append(
+                f"quota: tenant {quota.tenant} in {quota.pool or 'the set'} may hold "
+                f"{quota.max_gpus}, holds {held} and the plan places {placed} more"
+            )
+    return problems
+
+
+def _free_block_exists(
+    snapshot: Snapshot, *, node_free: set, size: int, tenant: str | None = None
+) -> bool:
+    """Whether a ready node that a demand of ``tenant`` may use has a free partition of
+    ``size`` (nodes dedicated to other tenants are not its free capacity)."""
     fabric = snapshot.capacity_set.fabric
     for node in snapshot.nodes:
-        if node.state != "ready":
+        if node.state != "ready" or node.tenant not in (None, tenant):
             continue
         for block in partition_table(node, fabric):
             if len(block) != size or set(block) & set(node.failed_gpus):

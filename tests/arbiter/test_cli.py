@@ -225,6 +225,14 @@ def _set(path, value):
             _set(("vms", 0, "state"), "stopping"),
             ["vms[0] (vm-1): state must be one of running, notified, got 'stopping'"],
         ),
+        (
+            _set(("quotas",), [{"tenant": "acme", "pool": "spot", "max_gpus": -1}]),
+            ["quotas[0] (acme): max_gpus must be 0 or more, got -1"],
+        ),
+        (
+            _set(("nodes", 0, "tenant"), ["acme"]),
+            ['nodes[0] (n001): tenant must be a string, got ["acme"]'],
+        ),
     ],
 )
 def test_each_bad_input_exits_2_with_one_line_naming_the_item_and_field(mutate, expected):

@@ -20,6 +20,13 @@ def test_a_snapshot_survives_a_round_trip_through_json(fleet):
     assert load_snapshot(text) == fleet
 
 
+@settings(max_examples=100, deadline=None)
+@given(snapshots(max_jobs=2, tenancy=True))
+def test_tenants_dedicated_nodes_and_quotas_survive_a_round_trip(fleet):
+    text = json.dumps(snapshot_to_dict(fleet))
+    assert load_snapshot(text) == fleet
+
+
 def test_the_design_example_reads_with_its_defaults():
     fleet = load_snapshot(EXAMPLE.read_text())
     assert fleet.nodes[0].partitions is None

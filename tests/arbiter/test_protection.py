@@ -88,6 +88,12 @@ def test_crowded_protected_sets_wait_only_for_protection_that_ends(fabric, data)
     check_protection(protecting_everywhere(snapshot))
 
 
+@PROPERTY
+@given(snapshots(max_nodes=4, max_demands=10, max_groups=3, crowded=True, max_jobs=2, tenancy=True))
+def test_protected_waits_end_with_quotas_and_dedicated_nodes_too(snapshot):
+    check_protection(protecting_everywhere(snapshot))
+
+
 def two_spot_vms(**overrides):
     """One node: a spot VM that resumed 2 minutes ago on GPUs 0-3 and one that has run for
     hours on GPUs 4-7 (so rule 7 alone would pick the fresh one: it lost least work)."""
