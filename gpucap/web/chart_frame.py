@@ -134,7 +134,7 @@ class Frame:
         height = self.bottom - self.top
         for n, bucket in enumerate(self.buckets):
             parts.append(
-                f'<rect x="{LEFT + n * self.slot:.1f}" y="{self.top}" '
+                f'<rect class="column" x="{LEFT + n * self.slot:.1f}" y="{self.top}" '
                 f'width="{self.slot:.1f}" height="{height}" data-bucket={quoteattr(bucket.key)}>'
                 f"<title>{escape(tips[n])}</title></rect>"
             )
