@@ -53,7 +53,7 @@ def node_release(request: HttpRequest, cluster: str, hostname: str) -> HttpRespo
 
 
 def _answer(request, cluster, hostname, context, *, form=None, status=200) -> HttpResponse:
-    if status == 200 and not request.htmx:
+    if status == 200 and not request.htmx and "preview" not in context:
         return redirect("fleet:node-detail", cluster=cluster, hostname=hostname)
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
     keep = form if status != 200 or "preview" in context else None
