@@ -13,6 +13,7 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services as plans
 from gpucap.plans import standalone
 from gpucap.plans.models import Plan, PlanAction
+from gpucap.plans.snapshot import capacity_set_snapshot
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from tests.rentals.vm_helpers import request_vm, running_vm, world
@@ -191,3 +192,20 @@ def test_standalone_placement_puts_only_the_tenants_vms_on_its_dedicated_node(
     assert [u.vm_id for u in result.unsatisfied] == [theirs.pk]
     assert "dedicated to other tenants" in result.unsatisfied[0].reason
     assert VirtualMachine.objects.get(pk=theirs.pk).state == State.PENDING
+
+
+def test_the_snapshot_names_the_nodes_tenant_and_each_demands_tenant(
+    fleet_east, tenant, other_tenant, operator
+):
+    pools, h100 = fleet_east["pools"], fleet_east["sets"]["h100-east"]
+    fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[other_tenant])
+    dedications.node_dedicate(node=fleet_east["nodes"]["h100-002"], tenant=tenant, actor=operator)
+    request_vm(other_tenant, pools["h100-ondemand"], name="g-1", gpu_count=8)
+
+    snapshot = capacity_set_snapshot(h100).snapshot
+
+    assert {node.name: node.tenant for node in snapshot.nodes} == {
+        "h100-001": None,
+        "h100-002": "acme",
+    }
+    assert [(d.pool, d.tenant) for d in snapshot.demands] == [("h100-ondemand", "globex")]
