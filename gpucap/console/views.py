@@ -212,10 +212,12 @@ def _set_regions(request: HttpRequest, name: str) -> SetRegions:
 @require_GET
 @operator_required
 def node_detail(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    """The node page; its live parts poll it: the state, GPUs and drain (``node-live``), and,
+    while other tenants' VMs still hold a dedicated node, the dedication panel
+    (``?part=dedication``)."""
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
-    return render_page(
-        request, "console/node_detail.html", node_context(tile), fragment="node-live"
-    )
+    fragment = "node-dedication" if request.GET.get("part") == "dedication" else "node-live"
+    return render_page(request, "console/node_detail.html", node_context(tile), fragment=fragment)
 
 
 @require_POST

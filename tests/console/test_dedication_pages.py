@@ -9,6 +9,8 @@ from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Node
 from gpucap.notices import dedications
 from gpucap.notices.models import InterruptionNotice
+from gpucap.rentals import services as rentals
+from gpucap.rentals.models import VirtualMachine
 from tests.rentals.vm_helpers import running_vm, world
 
 HTMX = {"HX-Request": "true"}
@@ -169,3 +171,24 @@ def test_without_htmx_a_preview_is_the_whole_page_with_the_preview(operator_clie
     assert "<html" in page and 'id="node-live"' in page
     assert "Dedicating h100-001 to Acme AI" in page
     assert dedicated_tenant(busy) is None
+
+
+def test_a_node_being_dedicated_polls_its_panel_until_the_others_leave(
+    operator_client, busy, tenant, operator
+):
+    dedications.node_dedicate(node=busy, tenant=tenant, actor=operator)
+
+    fragment = operator_client.get(url() + "?part=dedication", headers=HTMX).content.decode()
+
+    assert fragment.lstrip().startswith('<section class="panel" id="node-dedication"')
+    assert 'hx-trigger="every 5s"' in fragment and "being dedicated" in fragment
+    # The notified spot VM reaches its deadline; the on-demand VM's owner stops it.
+    for vm in VirtualMachine.objects.exclude(tenant=tenant):
+        if vm.state == VirtualMachine.State.NOTIFIED:
+            vm = rentals.vm_stop_for_notice(vm=vm, message="deadline")
+        else:
+            vm = rentals.vm_stop(vm=vm)
+        rentals.vm_mark_stopped(vm=vm)
+    done = operator_client.get(url() + "?part=dedication", headers=HTMX).content.decode()
+    assert "being dedicated" not in done and 'hx-trigger="every 5s"' not in done
+    assert "Dedicated to" in done
