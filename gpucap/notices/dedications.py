@@ -20,6 +20,7 @@ twice: the second apply finds the node dedicated and the VMs warned, and sends n
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import F
 
 from gpucap.audit.services import Actor
 from gpucap.errors import Conflict
@@ -113,8 +114,19 @@ def dedications_sweep() -> int:
     """The periodic follow-up of dedications: warn other tenants' VMs that finished booting on
     a dedicated node since it was dedicated. Returns the notices sent."""
     sent = 0
-    nodes = Node.objects.filter(dedicated_tenant__isnull=False).values_list("pk", flat=True)
-    for node_id in nodes:
+    # One query finds the nodes with anyone to warn: most sweeps lock no node at all.
+    nodes = (
+        VirtualMachine.objects.filter(
+            node__dedicated_tenant__isnull=False,
+            state=State.RUNNING,
+            pool__kind__in=DRAINED_KINDS,
+        )
+        .exclude(tenant_id=F("node__dedicated_tenant_id"))
+        .order_by("node_id")
+        .values_list("node_id", flat=True)
+        .distinct()
+    )
+    for node_id in list(nodes):
         with transaction.atomic():
             node = (
                 Node.objects.select_for_update(no_key=True)

@@ -135,6 +135,7 @@ def test_the_sweep_warns_a_vm_that_was_booting_when_the_node_was_dedicated(
     tasks.sweep()
 
     assert open_notices() == ["g-boot"]
+    assert dedications.dedications_sweep() == 0, "a second sweep warns nobody again"
 
 
 def test_a_planning_tick_places_only_the_tenants_demands_on_its_dedicated_node(
