@@ -16,6 +16,7 @@ from gpucap.plans.models import Plan, PlanAction
 from gpucap.plans.snapshot import capacity_set_snapshot
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
+from tests.notices.test_drains import replica_on
 from tests.rentals.vm_helpers import request_vm, running_vm, world
 
 State = VirtualMachine.State
@@ -210,3 +211,16 @@ def test_the_snapshot_names_the_nodes_tenant_and_each_demands_tenant(
         "h100-002": "acme",
     }
     assert [(d.pool, d.tenant) for d in snapshot.demands] == [("h100-ondemand", "globex")]
+
+
+def test_another_tenants_inference_replica_gets_a_notice_too(
+    fleet_east, tenant, other_tenant, operator
+):
+    node = fleet_east["nodes"]["h100-001"]
+    replica = replica_on(fleet_east, other_tenant, "h100-001", (0,), "g-replica")
+
+    preview = dedications.node_dedicate_preview(node=node, tenant=tenant)
+    applied = dedications.node_dedicate(node=node, tenant=tenant, actor=operator)
+
+    assert [vm.pk for vm in preview.notices] == [vm.pk for vm in applied.notices] == [replica.pk]
+    assert open_notices() == ["g-replica"]
