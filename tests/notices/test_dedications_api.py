@@ -186,3 +186,13 @@ def test_a_tenant_sees_only_its_own_dedicated_nodes(
     ] == ["h100-002"]
     # Nodes themselves are the operators'.
     assert member_api.get(f"/api/nodes/{busy['node'].pk}/").status_code in (403, 404)
+
+
+def test_patching_a_node_does_not_dedicate_it_and_says_how(operator_api, busy, tenant):
+    response = operator_api.patch(
+        f"/api/nodes/{busy['node'].pk}/", {"dedicated_tenant": tenant.pk}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "/dedicate/" in str(response.json()["error"]["fields"]["dedicated_tenant"])
+    assert Node.objects.get(pk=busy["node"].pk).dedicated_tenant is None
