@@ -74,6 +74,8 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/nodes/"),
     ("PATCH", "/api/nodes/{id}/"),
     ("POST", "/api/nodes/{id}/join-set/"),
+    ("POST", "/api/nodes/{id}/dedicate/"),  # 409: dedicated to another tenant already
+    ("POST", "/api/nodes/{id}/release/"),  # 409: a shared node
     ("POST", "/api/pools/"),
     ("PATCH", "/api/pools/{id}/"),
     ("POST", "/api/pools/{id}/floor/"),

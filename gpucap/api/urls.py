@@ -25,6 +25,7 @@ from gpucap.notices.api import (
     NoticeViewSet,
     VmReclaimView,
 )
+from gpucap.notices.dedications_api import NodeDedicateView, NodeReleaseView
 from gpucap.plans.api import (
     CapacitySetModeView,
     CapacitySetPlanView,
@@ -75,6 +76,8 @@ urlpatterns = [
         CapacitySetDrainView.as_view(),
         name="api-capacity-set-drain",
     ),
+    path("nodes/<int:id>/dedicate/", NodeDedicateView.as_view(), name="api-node-dedicate"),
+    path("nodes/<int:id>/release/", NodeReleaseView.as_view(), name="api-node-release"),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
     path(
         "capacity-sets/<int:id>/plan/",

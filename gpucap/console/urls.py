@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import schedule, views
+from gpucap.console import dedication, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -42,4 +42,14 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/uncordon/", views.node_uncordon, name="node-uncordon"
     ),
     path("nodes/<slug:cluster>/<str:hostname>/drain/", views.node_drain, name="node-drain"),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/dedicate/",
+        dedication.node_dedicate,
+        name="node-dedicate",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/release/",
+        dedication.node_release,
+        name="node-release",
+    ),
 ]

@@ -17,15 +17,14 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from gpucap.audit.selectors import events_for
+from gpucap.console.node_page import node_context
 from gpucap.console.schedule import schedule_context
 from gpucap.errors import Conflict
 from gpucap.fleet import selectors, services
 from gpucap.fleet.models import CapacitySet, Node
 from gpucap.notices import drains
-from gpucap.notices.selectors import drain_blockers, drain_blockers_by_node
+from gpucap.notices.selectors import drain_blockers_by_node
 from gpucap.plans.views import SET_CHANGED, set_page_context, what_if_context
-from gpucap.rentals.selectors import gpu_holders
 from gpucap.usage.views import AllocationSpan, allocation_context, allocation_span
 from gpucap.web.live import content_key
 from gpucap.web.pages import operator_required, render_page
@@ -213,10 +212,12 @@ def _set_regions(request: HttpRequest, name: str) -> SetRegions:
 @require_GET
 @operator_required
 def node_detail(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
+    """The node page; its live parts poll it: the state, GPUs and drain (``node-live``), and,
+    while other tenants' VMs still hold a dedicated node, the dedication panel
+    (``?part=dedication``)."""
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
-    return render_page(
-        request, "console/node_detail.html", _node_context(tile), fragment="node-live"
-    )
+    fragment = "node-dedication" if request.GET.get("part") == "dedication" else "node-live"
+    return render_page(request, "console/node_detail.html", node_context(tile), fragment=fragment)
 
 
 @require_POST
@@ -250,26 +251,7 @@ def _node_change_state(request: HttpRequest, cluster: str, hostname: str, change
     if status == 200 and not request.htmx:
         return redirect("fleet:node-detail", cluster=cluster, hostname=hostname)
     tile = selectors.node_with_gpus(cluster=cluster, hostname=hostname)
-    context = {**_node_context(tile), "error": error}
+    context = {**node_context(tile), "error": error}
     return render_page(
         request, "console/node_detail.html", context, fragment="node-live", status=status
     )
-
-
-def _node_context(tile: selectors.NodeTile) -> dict:
-    """The node page: its GPUs each with the VM holding it (tenant, pool), its partitions,
-    recent changes and who holds a drain up. A fixed number of queries."""
-    node = tile.node
-    holders = gpu_holders(node_id=node.pk)
-    return {
-        "nav": "fleet",
-        "tile": tile,
-        "gpu_rows": [(square, holders.get(square.index)) for square in tile.squares],
-        "node": node,
-        "partition_table": selectors.partition_table(node),
-        "events": events_for(node),
-        "can_cordon": node.state in (Node.State.READY, Node.State.DRAINING),
-        "can_uncordon": node.state in (Node.State.CORDONED, Node.State.DRAINING),
-        "can_drain": node.state in (Node.State.READY, Node.State.CORDONED),
-        "blockers": drain_blockers(node) if node.state == Node.State.DRAINING else None,
-    }

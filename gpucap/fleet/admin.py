@@ -111,6 +111,8 @@ class NodeAdmin(admin.ModelAdmin):
         "state",
         "partitions",
         "fabric_partition_ids",
+        # Dedicating warns other tenants' VMs first: the node page and the API do it.
+        "dedicated_tenant",
     ]
     inlines = [GpuInline]
 

@@ -95,6 +95,13 @@ class NodeSerializer(serializers.ModelSerializer):
     )
     labels = serializers.DictField(child=serializers.CharField(), read_only=True)
     gpus = NodeGpuSerializer(many=True, read_only=True)
+    dedicated_tenant_slug = serializers.CharField(
+        source="dedicated_tenant.slug",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The tenant the whole node is dedicated to (POST .../dedicate/); null: shared.",
+    )
 
     class Meta:
         model = Node
@@ -115,6 +122,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "labels",
             "guest_bridge",
             "guest_subnet",
+            "dedicated_tenant",
+            "dedicated_tenant_slug",
             "gpus",
             "created_at",
             "updated_at",
@@ -406,6 +415,8 @@ class NodeUpdateSerializer(InputSerializer):
     hints = {
         "state": "change a node's state with the cordon/uncordon commands",
         "capacity_set": "move a node with the join-set/leave-set commands",
+        "dedicated_tenant": "dedicate a node with POST /api/nodes/<id>/dedicate/, give it back "
+        "with POST /api/nodes/<id>/release/",
     }
 
     partitions = serializers.ListField(
@@ -661,7 +672,9 @@ class NodeViewSet(FleetViewSet):
     update_serializer_class = NodeUpdateSerializer
 
     def get_queryset(self):
-        return Node.objects.select_related("cluster", "capacity_set").prefetch_related("gpus")
+        return Node.objects.select_related(
+            "cluster", "capacity_set", "dedicated_tenant"
+        ).prefetch_related("gpus")
 
     def service_create(self, data):
         return fleet.node_create(actor=self.request.user, **data)

@@ -17,6 +17,7 @@ class NodeFilter(FilterSet):
     standalone = BooleanFilter(
         field_name="capacity_set", lookup_expr="isnull", label="In no capacity set"
     )
+    dedicated_tenant = IdFilter(field_name="dedicated_tenant_id", label="Dedicated to tenant id")
 
     class Meta:
         model = Node

@@ -182,6 +182,18 @@ class Node(models.Model):
         "10.200.0.0/24; its first address is the bridge's own (the gateway). Blank: the "
         "node's driver gives guests addresses itself. No two nodes' subnets overlap.",
     )
+    # Only this tenant's VMs are placed here, whatever their pool, and the node is no free
+    # capacity for anyone else (gpucap.notices.dedications). PROTECT: deleting a tenant that
+    # holds whole machines must not silently hand them back to the shared pool; an operator
+    # releases them first, with an audit event.
+    dedicated_tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="dedicated_nodes",
+        help_text="The tenant the whole node is dedicated to; empty: shared.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -166,7 +166,7 @@ def fleet_totals(tiles: list[NodeTile]) -> FleetTotals:
 
 
 def _nodes():
-    return Node.objects.select_related("cluster", "capacity_set").order_by(
+    return Node.objects.select_related("cluster", "capacity_set", "dedicated_tenant").order_by(
         "cluster__name", "capacity_set__name", "hostname"
     )
 
@@ -184,6 +184,7 @@ def _grid_nodes():
         "cluster__created_at",
         "capacity_set__created_at",
         "capacity_set__updated_at",
+        "dedicated_tenant__created_at",
     )
 
 
@@ -342,6 +343,7 @@ _NODE_FIELDS = (
     "fabric",
     "cluster_id",
     "capacity_set_id",
+    "dedicated_tenant_id",
 )
 
 
@@ -353,7 +355,10 @@ def capacity_set_nodes(*, name: str, grid_limit: int) -> SetNodes:
     capacity_set = get_object_or_404(CapacitySet.objects.select_related("cluster"), name=name)
     pools = list(capacity_set.pools.order_by("rank").prefetch_related("tenants"))
     nodes = list(
-        Node.objects.filter(capacity_set=capacity_set).only(*_NODE_FIELDS).order_by("hostname")
+        Node.objects.filter(capacity_set=capacity_set)
+        .select_related("dedicated_tenant")  # tiles mark dedicated nodes: a join, no query
+        .only(*_NODE_FIELDS, "dedicated_tenant__slug", "dedicated_tenant__name")
+        .order_by("hostname")
     )
     for node in nodes:  # every node is the set's and its cluster's: no join, no per-row query
         node.cluster, node.capacity_set = capacity_set.cluster, capacity_set

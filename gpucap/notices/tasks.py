@@ -12,7 +12,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from gpucap.celery import app
-from gpucap.notices import cache, drains, services
+from gpucap.notices import cache, dedications, drains, services
 from gpucap.notices.models import InterruptionNotice
 
 
@@ -40,10 +40,11 @@ def deadline_stop(notice_id: int) -> bool:
 @shared_task(name="notices.sweep")
 def sweep() -> int:
     """Stop every VM whose notice is overdue, send again the stops a dead worker held, then
-    follow up drains. Returns the stops made (not counting the ones sent again)."""
+    follow up drains and dedications. Returns the stops made (not counting the ones sent again)."""
     stopped = services.notices_sweep()
     services.notice_stops_resend()
     drains.drains_sweep()
+    dedications.dedications_sweep()
     return len(stopped)
 
 

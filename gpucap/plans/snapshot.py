@@ -125,7 +125,8 @@ class LiveCapacity:
         queries the set may still move; ``consistent_snapshot`` reads again when its generation
         did."""
         pools_by_id = {pool.pk: pool for pool in pools}
-        nodes_by_id = {node.pk: node for node in nodes}
+        # The dedicated tenant's slug is the node's "tenant" in the snapshot (a join, no query).
+        nodes_by_id = {node.pk: node for node in nodes.select_related("dedicated_tenant")}
         failed: dict[int, set[int]] = defaultdict(set)
         for node_id, index in Gpu.objects.filter(
             node_id__in=nodes_by_id, health=Gpu.Health.FAILED
@@ -391,6 +392,7 @@ class LiveCapacity:
                 pool=vm.pool.name,
                 gpus=vm.gpu_count,
                 requested_at=vm.requested_at,
+                tenant=vm.tenant.slug,
                 # Where its disk waits (a reclaimed spot VM): placement prefers that node.
                 disk_node=(
                     nodes.nodes[vm.disk_node_id].hostname
@@ -426,6 +428,8 @@ class ClassNodes:
             state=node.state,
             failed_gpus=failed,
             partitions=tuple(tuple(b) for b in node.partitions) if node.partitions else None,
+            # Dedicated: only that tenant's demands are placed there (docs/allocation.md).
+            tenant=node.dedicated_tenant.slug if node.dedicated_tenant_id else None,
         )
 
     def is_partition(self, node_id: int, gpus: list[int]) -> bool:

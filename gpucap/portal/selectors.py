@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -19,6 +19,7 @@ from gpucap.notices.selectors import with_open_notice
 from gpucap.plans.waiting import annotate_waiting
 from gpucap.rentals.models import Allocation, VirtualMachine
 from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
+from gpucap.rentals.services import HOLDING
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.selectors import viewer_role
 from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
@@ -76,6 +77,7 @@ class TenantPortal:
     more_keys: bool
     pools: list[PoolAccess]
     member_count: int
+    dedicated: list["DedicatedNode"]
 
     @property
     def read_only(self) -> bool:
@@ -88,8 +90,8 @@ class TenantPortal:
 
 def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | None = None):
     """A tenant's home: the viewer's role, the live part (`portal_live`), its API keys, the
-    pools it may use and how many members it has. Ten queries and one Redis round trip,
-    whatever the number of VMs, deployments, keys or pools."""
+    pools it may use, its dedicated nodes and how many members it has. Twelve queries and one
+    Redis round trip, whatever the number of VMs, deployments, keys, pools or nodes."""
     keys = list(
         ApiKey.objects.filter(tenant=tenant)
         .select_related("deployment")
@@ -103,6 +105,7 @@ def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | Non
         more_keys=len(keys) > PORTAL_KEYS,
         pools=pool_access(tenant=tenant),
         member_count=tenant.memberships.count(),
+        dedicated=dedicated_nodes(tenant=tenant),
     )
 
 
@@ -198,4 +201,59 @@ def pool_access(*, tenant: Tenant) -> list[PoolAccess]:
             ),
         )
         for pool in pools
+    ]
+
+
+# --- a tenant's dedicated nodes ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DedicatedNode:
+    """A whole node given to a tenant, with the tenant's VMs on it. Other tenants' VMs still
+    leaving it are counted, never named (a tenant sees only its own)."""
+
+    node: Node
+    vms: list[VirtualMachine]
+    others_leaving: int  # other tenants' VMs still holding GPUs here
+    others_gpus: int  # and their GPUs
+
+    @property
+    def free_gpus(self) -> int:
+        return self.node.gpu_count - sum(vm.gpu_count for vm in self.vms) - self.others_gpus
+
+
+def dedicated_nodes(*, tenant: Tenant) -> list[DedicatedNode]:
+    """The nodes dedicated to ``tenant`` by hostname, each with the tenant's VMs holding its
+    GPUs and how many other tenants' VMs still hold some (a dedication waiting for them).
+    Two queries."""
+    holding = VirtualMachine.objects.filter(node=OuterRef("pk"), state__in=HOLDING).exclude(
+        tenant=tenant
+    )
+    nodes = list(
+        Node.objects.filter(dedicated_tenant=tenant)
+        .select_related("cluster", "capacity_set")
+        .annotate(
+            others=_count(holding, "node"),
+            others_gpus=Coalesce(
+                Subquery(
+                    holding.order_by().values("node").annotate(n=Sum("gpu_count")).values("n"),
+                    output_field=IntegerField(),
+                ),
+                Value(0),
+            ),
+        )
+        .order_by("hostname")
+    )
+    vms: dict[int, list[VirtualMachine]] = {node.pk: [] for node in nodes}
+    for vm in (
+        VirtualMachine.objects.filter(tenant=tenant, node_id__in=vms, state__in=HOLDING)
+        .select_related("pool")
+        .order_by("name", "pk")
+    ):
+        vms[vm.node_id].append(vm)
+    return [
+        DedicatedNode(
+            node=node, vms=vms[node.pk], others_leaving=node.others, others_gpus=node.others_gpus
+        )
+        for node in nodes
     ]

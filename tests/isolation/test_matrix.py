@@ -157,6 +157,11 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/capacity-sets/<id>/schedule/<name>/",
         "/api/capacity-sets/<id>/overrides/<name>/",
         "/api/capacity-sets/<id>/load-profile/",
+        "/api/nodes/<id>/dedicate/",
+        "/api/nodes/<id>/release/",
+        "/api/tenants/<pk>/dedicated-nodes/",
+        "/fleet/nodes/<cluster>/<hostname>/dedicate/",
+        "/fleet/nodes/<cluster>/<hostname>/release/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)

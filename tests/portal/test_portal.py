@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from gpucap.fleet import services as fleet
 from gpucap.inference import services as inference
-from gpucap.notices import drains
+from gpucap.notices import dedications, drains
 from gpucap.rentals import services as rentals
 from gpucap.tenancy.models import Membership, Tenant
 from tests.rentals.vm_helpers import grant_pools, request_vm, running_vm
@@ -197,14 +197,21 @@ def test_portal_runs_a_fixed_number_of_queries(
 ):
     client = logged_in(member)
     _fill(tenant, pools, fleet_east, operator, 1, 0)
+    dedications.node_dedicate(node=fleet_east["nodes"]["h100-001"], tenant=tenant, actor=operator)
     # session, user, member's tenant ids; tenant; role; keys; VMs, their GPUs; usage;
-    # deployments; pools, usable GPUs; member count.
-    with django_assert_num_queries(13):
+    # deployments; pools, usable GPUs; member count; dedicated nodes, their VMs.
+    with django_assert_num_queries(15):
         client.get(portal_url())
     _fill(tenant, pools, fleet_east, operator, 4, 1)
     fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[tenant])
-    with django_assert_num_queries(13):
+    dedications.node_dedicate(node=fleet_east["nodes"]["h100-002"], tenant=tenant, actor=operator)
+    with django_assert_num_queries(15):
         response = client.get(portal_url())
+    assert [d.node.hostname for d in response.context["portal"].dedicated] == [
+        "h100-001",
+        "h100-002",
+    ]
+    assert len(response.context["portal"].dedicated[0].vms) == 5
     assert len(response.context["live"].vms) == 5
     assert len(response.context["live"].deployments.rows) == 5
     assert len(response.context["portal"].keys) == 5

@@ -169,6 +169,17 @@ def _pool_set_tenants(*, name: str, slugs: tuple[str, ...], actor: Actor) -> Non
     )
 
 
+def _node_dedicate(*, cluster: str, hostname: str, slug: str | None, actor: Actor) -> None:
+    """Dedicate a node to a tenant (None: share it). Other tenants' spot VMs and replicas on a
+    newly dedicated node get their notices from the periodic sweep
+    (`gpucap.notices.dedications.dedications_sweep`): the fleet sits below the notices."""
+    fleet.node_set_dedicated_tenant(
+        node=Node.objects.get(cluster__name=cluster, hostname=hostname),
+        tenant=Tenant.objects.get(slug=slug) if slug else None,
+        actor=actor,
+    )
+
+
 def _image_create(*, spec: ImageSpec, actor: Actor) -> None:
     fleet.image_create(
         cluster=Cluster.objects.get(name=spec.cluster), name=spec.name, actor=actor, **spec.fields()
@@ -212,6 +223,7 @@ _ACTIONS = {
     "pool_set_floor": fleet.pool_set_floor,
     "pool_set_protect": fleet.pool_set_protect,
     "pool_set_tenants": _pool_set_tenants,
+    "node_set_dedicated_tenant": _node_dedicate,
     "image_create": _image_create,
     "image_update": fleet.image_update,
 }

@@ -47,6 +47,7 @@ PHASES = (
     "ranks",
     "floors_up",
     "pool_tenants",
+    "dedications",  # after the tenants and the nodes they name
     "images",  # after the nodes: an image's per-node paths name them
     "sections",  # the sets' sections (`sections`): after the sets, their nodes and pools
 )
@@ -96,7 +97,9 @@ class FleetDiff(NodesDiff, PoolsDiff, SectionsDiff):
         self.sets = {s.name: s for s in CapacitySet.objects.select_related("cluster")}
         self.nodes = {
             (n.cluster.name, n.hostname): n
-            for n in Node.objects.select_related("cluster", "capacity_set").prefetch_related("gpus")
+            for n in Node.objects.select_related(
+                "cluster", "capacity_set", "dedicated_tenant"
+            ).prefetch_related("gpus")
         }
         self.pools = {
             p.name: p

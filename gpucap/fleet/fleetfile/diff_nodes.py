@@ -17,9 +17,15 @@ class NodesDiff:
         kept_subnets = [
             node for key, node in self.nodes.items() if key not in declared and node.guest_subnet
         ]
+        tenant_slugs = set(self.tenants) | {t.slug for t in self.file.tenants}
         for spec in self.file.nodes:
             self._check_node_subnet(spec, kept_subnets)
             self._check_node_set(spec)
+            if spec.dedicated_to is not None and spec.dedicated_to not in tenant_slugs:
+                self._problem(
+                    spec.where,
+                    f"dedicated_to: no tenant {spec.dedicated_to} in the file or the database",
+                )
             node = self.nodes.get((spec.cluster, spec.hostname))
             if node is None:
                 self._plan_new_node(spec)
@@ -68,8 +74,11 @@ class NodesDiff:
         what = f"{spec.gpu_count} x {spec.gpu_model} {spec.fabric}"
         where_to = f"set {spec.capacity_set}" if spec.capacity_set else "standalone"
         extra = [f"state {spec.state}"] if spec.state not in (None, Node.State.READY) else []
+        if spec.dedicated_to:
+            extra.append(f"dedicated to {spec.dedicated_to}")
         self._change("create", "node", _node_label(spec), ", ".join([what, where_to, *extra]))
         self._step("nodes", spec.where, "node_create", spec=spec)
+        self._plan_dedication(spec, None)
         if spec.capacity_set:
             self._step(
                 "joins",
@@ -95,6 +104,7 @@ class NodesDiff:
             details.append(f"state {node.state} -> {spec.state}")
             self._step("nodes", spec.where, "node_set_state", node=node, state=spec.state)
         details.extend(self._plan_gpus(spec, node))
+        details.extend(self._plan_dedication(spec, node))
         current_set = node.capacity_set.name if node.capacity_set else None
         if current_set != spec.capacity_set:
             details.append(
@@ -141,6 +151,21 @@ class NodesDiff:
         if changes:
             self._step("nodes", spec.where, "node_update", node=node, **changes)
         return details
+
+    def _plan_dedication(self, spec: NodeSpec, node: Node | None) -> list[str]:
+        """Dedicate the node to the file's tenant, or share it again (no ``dedicated_to``)."""
+        now = node.dedicated_tenant.slug if node is not None and node.dedicated_tenant else None
+        if now == spec.dedicated_to:
+            return []
+        self._step(
+            "dedications",
+            spec.where,
+            "node_set_dedicated_tenant",
+            cluster=spec.cluster,
+            hostname=spec.hostname,
+            slug=spec.dedicated_to,
+        )
+        return [f"dedicated_to {now or '(shared)'} -> {spec.dedicated_to or '(shared)'}"]
 
     def _plan_gpus(self, spec: NodeSpec, node: Node) -> list[str]:
         details = []

@@ -81,7 +81,7 @@ def _export_operators() -> list:
 
 
 def _export_clusters() -> list:
-    nodes = Node.objects.select_related("capacity_set").order_by("hostname")
+    nodes = Node.objects.select_related("capacity_set", "dedicated_tenant").order_by("hostname")
     clusters = Cluster.objects.order_by("name").prefetch_related(
         Prefetch("nodes", queryset=nodes),
         Prefetch("nodes__gpus", queryset=Gpu.objects.order_by("index")),
@@ -113,6 +113,8 @@ def _export_node(cluster: Cluster, node: Node) -> dict:
         entry["guest_bridge"] = node.guest_bridge
     if node.guest_subnet:
         entry["guest_subnet"] = node.guest_subnet
+    if node.dedicated_tenant is not None:
+        entry["dedicated_to"] = node.dedicated_tenant.slug
     if node.labels:
         entry["labels"] = _flow(dict(sorted(node.labels.items())))
     if node.partitions:

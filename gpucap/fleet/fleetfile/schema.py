@@ -187,7 +187,7 @@ class NodeEntry(Entry):
     report_order = (
         *("count", "start", "start:alone", "hostname", "gpu_model", "fabric", "gpus"),
         *("capacity_set", "state", "bmc_address", "labels", "partitions", "gpu_list"),
-        *("guest_bridge", "guest_subnet"),
+        *("guest_bridge", "guest_subnet", "dedicated_to"),
         *("hostname:numbered", "bmc_address:numbered", "guest_subnet:numbered"),
         *("hostname:twice", "guest_subnet:overlap"),
     )
@@ -206,6 +206,8 @@ class NodeEntry(Entry):
     guest_bridge: _text(15) = ""  # an interface name: checked with the rules (`checks`)
     # A subnet, or with ``count`` a pattern such as 10.200.{}.0/24: checked with the rules.
     guest_subnet: _text(64) = ""
+    # The tenant (slug) the whole node is dedicated to; absent: shared by every tenant.
+    dedicated_to: Slug | None = None
 
 
 class ClusterEntry(Entry):
@@ -414,6 +416,7 @@ def _node_specs(path: str, cluster: str, node: NodeEntry) -> list[NodeSpec]:
             gpus=gpus,
             guest_bridge=node.guest_bridge,
             guest_subnet=guest_subnet,
+            dedicated_to=node.dedicated_to,
         )
         for (_, hostname), bmc_address, guest_subnet in zip(
             numbered, bmc_addresses, subnets, strict=True

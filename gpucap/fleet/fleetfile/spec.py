@@ -76,6 +76,7 @@ class NodeSpec:
     gpus: tuple[GpuSpec, ...]
     guest_bridge: str = ""
     guest_subnet: str = ""  # "": the node's driver gives guests addresses
+    dedicated_to: str | None = None  # a tenant's slug; None: shared
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from gpucap.fleet.services.clusters import (
     cluster_rename,
     cluster_update,
 )
+from gpucap.fleet.services.dedication import node_set_dedicated_tenant
 from gpucap.fleet.services.fabric import (
     gpu_set_module_id,
     node_set_fabric_partitions,
@@ -73,6 +74,7 @@ __all__ = [
     "node_guest_network_problems",
     "node_join_set",
     "node_leave_set",
+    "node_set_dedicated_tenant",
     "node_set_fabric_partitions",
     "node_set_module_ids",
     "node_set_state",
