@@ -62,10 +62,16 @@ def quotas_with_use(*, tenant_ids: list[int] | None = None) -> list[tuple[Tenant
     if tenant_ids is not None:
         quotas = quotas.filter(tenant_id__in=tenant_ids)
     quotas = list(quotas)
+    uses = quota_uses(quotas)
+    return [(quota, uses[quota.pk]) for quota in quotas]
+
+
+def quota_uses(quotas: list[TenantQuota]) -> dict[int, QuotaUse]:
+    """Each quota's use, by quota id: one query (none for no quota)."""
     if not quotas:
-        return []
-    uses = _uses({quota.tenant_id for quota in quotas})
-    return [(quota, _use_of(quota, uses)) for quota in quotas]
+        return {}
+    rows = _uses({quota.tenant_id for quota in quotas})
+    return {quota.pk: _use_of(quota, rows) for quota in quotas}
 
 
 def quota_use(quota: TenantQuota) -> QuotaUse:

@@ -51,7 +51,12 @@ def quota_set(
     if errors:
         raise ValidationError(errors)
     scope = {"pool": pool} if pool is not None else {"pool": None, "gpu_model": gpu_model}
-    quota = TenantQuota.objects.select_for_update().filter(tenant=tenant, **scope).first()
+    quota = (
+        TenantQuota.objects.select_for_update()
+        .filter(tenant=tenant, **scope)
+        .order_by("pk")
+        .first()
+    )
     created = quota is None
     before = {} if created else _fields(quota)
     if created:
@@ -77,7 +82,7 @@ def quota_set(
 @transaction.atomic
 def quota_delete(*, quota: TenantQuota, actor: Actor = None) -> None:
     """Remove the quota: the tenant's requests in its scope are no longer limited by it."""
-    locked = TenantQuota.objects.select_for_update().filter(pk=quota.pk).first()
+    locked = TenantQuota.objects.select_for_update().filter(pk=quota.pk).order_by("pk").first()
     if locked is None:
         return  # deleted already: harmless the second time
     before = _fields(locked)
