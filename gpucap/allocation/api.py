@@ -3,11 +3,11 @@
 - ``GET /api/quotas/`` lists quotas with their use now: operators see every tenant's, a tenant
   member only their own tenants' (read-only). ``GET /api/quotas/{id}/`` is one; another
   tenant's quota is a 404, as if it did not exist.
-- ``POST /api/quotas/`` (operators) sets a tenant's quota in a scope: ``pool`` (an id) or
-  ``gpu_model``, exactly one. It creates the quota (201) or changes the one the tenant has
-  there (200). ``PATCH /api/quotas/{id}/`` changes ``max_gpus`` or ``max_pending``;
-  ``DELETE`` removes it. Each answer carries ``note``: what a quota below current use means
-  (nothing is stopped; new requests are refused until the use is below).
+- ``POST /api/quotas/`` (operators) sets a tenant's quota (``tenant``: its slug) in a scope:
+  ``pool`` (an id) or ``gpu_model``, exactly one. It creates the quota (201) or changes the
+  one the tenant has there (200). ``PATCH /api/quotas/{id}/`` changes ``max_gpus`` or
+  ``max_pending``; ``DELETE`` removes it. Each answer carries ``note``: what a quota below
+  current use means (nothing is stopped; new requests are refused until the use is below).
 
 Bad input is a 400 naming the field, in the API's one error shape, and changes nothing.
 """
@@ -40,7 +40,7 @@ class QuotaUseSerializer(serializers.Serializer):
 
 
 class TenantQuotaSerializer(serializers.ModelSerializer):
-    tenant_slug = serializers.CharField(source="tenant.slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     pool_name = serializers.CharField(source="pool.name", read_only=True, default=None)
     use = serializers.SerializerMethodField()
     note = serializers.SerializerMethodField()
@@ -50,7 +50,6 @@ class TenantQuotaSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "tenant",
-            "tenant_slug",
             "pool",
             "pool_name",
             "gpu_model",
@@ -79,7 +78,7 @@ class TenantQuotaSerializer(serializers.ModelSerializer):
 
 
 class QuotaSetSerializer(InputSerializer):
-    tenant = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="Tenant id.")
+    tenant = serializers.CharField(max_length=64, help_text="The tenant's slug.")
     pool = serializers.IntegerField(
         min_value=1,
         max_value=MAX_ID,
@@ -141,9 +140,9 @@ class TenantQuotaViewSet(ServiceWrites, viewsets.ModelViewSet):
     def create(self, request, *args, **kwargs):
         data = self.validated(QuotaSetSerializer, request.data)
         errors = {}
-        tenant = Tenant.objects.filter(pk=data["tenant"]).first()
+        tenant = Tenant.objects.filter(slug=data["tenant"]).first()
         if tenant is None:
-            errors["tenant"] = f"no tenant has id {data['tenant']}"
+            errors["tenant"] = f"no tenant is called {data['tenant']!r}"
         pool = None
         if data.get("pool") is not None:
             pool = Pool.objects.filter(pk=data["pool"]).first()

@@ -5,7 +5,10 @@ import pytest
 
 from gpucap.allocation import services as allocation
 from tests.plans.conftest import full_set, h100  # noqa: F401  (fixtures)
-from tests.rentals.conftest import _record_sent, pools, sim  # noqa: F401  (fixtures)
+from tests.rentals import conftest as rentals_fixtures
+from tests.rentals.conftest import _record_sent, sim  # noqa: F401  (fixtures)
+
+pools = rentals_fixtures.pools
 
 
 @pytest.fixture
