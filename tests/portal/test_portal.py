@@ -198,12 +198,12 @@ def test_portal_runs_a_fixed_number_of_queries(
     client = logged_in(member)
     _fill(tenant, pools, fleet_east, operator, 1, 0)
     # session, user, member's tenant ids; tenant; role; keys; VMs, their GPUs; usage;
-    # deployments; pools, usable GPUs; member count.
-    with django_assert_num_queries(13):
+    # deployments; pools, usable GPUs; member count; quotas.
+    with django_assert_num_queries(14):
         client.get(portal_url())
     _fill(tenant, pools, fleet_east, operator, 4, 1)
     fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[tenant])
-    with django_assert_num_queries(13):
+    with django_assert_num_queries(14):
         response = client.get(portal_url())
     assert len(response.context["live"].vms) == 5
     assert len(response.context["live"].deployments.rows) == 5
