@@ -92,10 +92,16 @@ def quota_delete(*, quota: TenantQuota, actor: Actor = None) -> None:
 
 
 def quota_problems(
-    *, pool: object, gpu_model: object, max_gpus: object, max_pending: object
+    *,
+    pool: object,
+    gpu_model: object,
+    max_gpus: object,
+    max_pending: object,
+    check_model: bool = True,
 ) -> dict[str, str]:
     """What is wrong with a quota's fields, by field (shared by the API, the console's form
-    and the fleet file, so each refuses the same mistake in the same words)."""
+    and the fleet file, so each refuses the same mistake in the same words). The fleet file
+    checks a GPU model against the file too (``check_model=False``: not here)."""
     errors: dict[str, str] = {}
     if pool is not None and not isinstance(pool, Pool):
         errors["pool"] = f"unknown pool {pool!r}"
@@ -107,7 +113,7 @@ def quota_problems(
         errors["gpu_model"] = (
             "give a pool or a GPU model, not both: a quota binds one pool or every pool of a model"
         )
-    elif gpu_model and not _model_known(gpu_model):
+    elif gpu_model and check_model and not _model_known(gpu_model):
         known = ", ".join(_models_known()) or "none yet"
         errors["gpu_model"] = f"no pool or node has GPU model {gpu_model!r}; known: {known}"
     for name, value, empty_ok in (
