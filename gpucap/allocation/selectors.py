@@ -121,17 +121,22 @@ def _over_gpus_words(tenant: Tenant, quota: TenantQuota, use: QuotaUse, asked: i
 
 
 def set_quotas(*, capacity_set: CapacitySet, pools: list[Pool]) -> tuple[am.Quota, ...]:
-    """The quotas the arbiter applies to one set's plan (``pools``: the set's pools). A pool
-    quota enters as it is; a GPU-model quota spans every set (and standalone pool) of that
-    model while a plan sees one set, so it enters as the set's whole-set quota with the
-    headroom left for this set: ``max_gpus`` minus what the tenant holds in the model's pools
-    outside this set (never below 0). Pending requests elsewhere are not counted: they are
-    refused at request time when they would not fit (``quota_refusal``). Two queries, one
-    when no quota concerns the set."""
+    """The quotas the arbiter applies to one set's plan (``pools``: the set's pools)."""
+    return snapshot_quotas(gpu_model=capacity_set.gpu_model, pools=pools)
+
+
+def snapshot_quotas(*, gpu_model: str, pools: list[Pool]) -> tuple[am.Quota, ...]:
+    """The quotas the arbiter applies to a plan over ``pools`` (a set's, or a cluster's
+    standalone pools of one hardware class) of ``gpu_model``. A pool quota enters as it is; a
+    GPU-model quota spans every set (and standalone pool) of that model while a plan sees only
+    ``pools``, so it enters as the snapshot's whole quota (``pool`` None) with the headroom left
+    here: ``max_gpus`` minus what the tenant holds in the model's other pools (never below 0).
+    Pending requests elsewhere are not counted: they are refused at request time when they
+    would not fit (``quota_refusal``). Two queries, one when no GPU-model quota applies."""
     pool_ids = {pool.pk: pool.name for pool in pools}
     quotas = list(
         TenantQuota.objects.filter(
-            Q(pool_id__in=pool_ids) | Q(pool=None, gpu_model=capacity_set.gpu_model)
+            Q(pool_id__in=pool_ids) | Q(pool=None, gpu_model=gpu_model)
         ).select_related("tenant")
     )
     model_quotas = [quota for quota in quotas if quota.pool_id is None]
@@ -142,9 +147,9 @@ def set_quotas(*, capacity_set: CapacitySet, pools: list[Pool]) -> tuple[am.Quot
             .objects.filter(
                 tenant_id__in={quota.tenant_id for quota in model_quotas},
                 state__in=HELD_STATES,
-                pool__gpu_model=capacity_set.gpu_model,
+                pool__gpu_model=gpu_model,
             )
-            .exclude(pool__capacity_set=capacity_set)
+            .exclude(pool_id__in=pool_ids)
             .values_list("tenant_id", "gpu_count")
         )
         for tenant_id, gpu_count in rows:

@@ -102,3 +102,30 @@ def test_a_model_quota_used_up_elsewhere_leaves_no_room_here(
     assert set_quotas(capacity_set=l40s, pools=list(l40s.pools.all())) == (
         am.Quota(tenant="acme", pool=None, max_gpus=1),
     )
+
+
+def test_outside_a_set_a_scale_up_past_a_quota_is_not_placed_either(
+    tenant, fleet_east, member, operator
+):
+    from gpucap.plans.standalone import standalone_place
+    from tests.inference.conftest import inference_pools_build
+
+    pool = inference_pools_build(fleet_east, tenant)["standalone"]
+    allocation.quota_set(tenant=tenant, pool=pool, max_gpus=1, actor=operator)
+    deployment = inference.deployment_create(
+        tenant=tenant,
+        pool=pool,
+        name="chat",
+        model_name="gpucap/sim-8b",
+        gpus_per_replica=1,
+        min_replicas=2,
+        max_replicas=2,
+        actor=member,
+    )
+    result = standalone_place(cluster_id=fleet_east["cluster"].pk)
+    assert result.placed == []
+    assert "quota" in result.unsatisfied[0].reason
+    assert set(deployment.replicas.values_list("state", flat=True)) == {"pending"}
+
+    allocation.quota_set(tenant=tenant, pool=pool, max_gpus=2, actor=operator)
+    assert len(standalone_place(cluster_id=fleet_east["cluster"].pk).placed) == 2
