@@ -57,8 +57,8 @@ def test_bad_input_is_shown_in_place_and_changes_nothing(operator_client, tenant
     )
     assert response.status_code == 400
     body = response.content.decode()
-    assert 'id="gpu_model-error"' in body and "not both" in body
-    assert 'id="max_gpus-error"' in body and "must be 0 or more" in body
+    assert 'id="id_gpu_model-error"' in body and "not both" in body
+    assert 'id="id_max_gpus-error"' in body and "must be 0 or more" in body
     assert not TenantQuota.objects.exists()
 
 
