@@ -41,7 +41,9 @@ class QuotaUseSerializer(serializers.Serializer):
 
 class TenantQuotaSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    pool_name = serializers.CharField(source="pool.name", read_only=True, default=None)
+    pool_name = serializers.CharField(
+        source="pool.name", read_only=True, default=None, allow_null=True
+    )
     use = serializers.SerializerMethodField()
     note = serializers.SerializerMethodField()
 
