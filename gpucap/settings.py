@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "gpucap.tenancy",
     "gpucap.audit",
     "gpucap.fleet",
+    "gpucap.allocation",
     "gpucap.rentals",
     "gpucap.usage",
     "gpucap.notices",

@@ -44,6 +44,7 @@ urlpatterns = [
     path("api/", include("gpucap.api.urls")),
     path("", include("gpucap.portal.urls")),
     path("", include("gpucap.tenancy.urls")),
+    path("fleet/quotas/", include("gpucap.allocation.urls")),
     path("fleet/", include("gpucap.console.urls")),
     path("fleet/sets/<slug:name>/", include("gpucap.plans.urls")),
     path("audit/", include("gpucap.audit.urls")),

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, settings
 from rest_framework.authtoken.models import Token
 from schemathesis.config import SchemathesisConfig
 
+from gpucap.allocation import services as allocation
+from gpucap.allocation.models import TenantQuota
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -85,6 +87,8 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/vms/"),
     ("POST", "/api/vms/{id}/place/"),
     ("GET", "/api/usage/"),
+    ("POST", "/api/quotas/"),  # a pool or a GPU model, exactly one; a model some pool has
+    ("PATCH", "/api/quotas/{id}/"),
 ]
 
 CONFIG = SchemathesisConfig.from_dict(
@@ -168,6 +172,8 @@ def fleet_of_two_tenants(
         fleet_east["sets"]["h100-east"], profile={}, hours=1, send=False
     )
     simulation_runs.simulation_carry_out(run_id=run.pk)
+    allocation.quota_set(tenant=tenant, pool=pools["h100-spot"], max_gpus=16, actor=operator)
+    allocation.quota_set(tenant=other_tenant, gpu_model="L40S", max_gpus=4, actor=operator)
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -206,6 +212,7 @@ PATH_OBJECTS = {
     "deployments": InferenceDeployment,
     "api-keys": ApiKey,
     "simulations": SimulationRun,
+    "quotas": TenantQuota,
     "invitation_id": Invitation,
     "membership_id": Membership,
 }

@@ -72,6 +72,8 @@ ENDPOINTS = {
     "/api/api-keys/{id}/": {"get"},
     "/api/api-keys/{id}/revoke/": {"post"},
     "/api/usage/": {"get"},
+    "/api/quotas/": {"get", "post"},
+    "/api/quotas/{id}/": {"get", "patch", "delete"},
 }
 
 # Command -> (request component or None, response component).

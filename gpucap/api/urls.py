@@ -4,6 +4,7 @@
 from django.urls import path, re_path
 from rest_framework.routers import DefaultRouter
 
+from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
 from gpucap.fleet.api import (
     CapacitySetViewSet,
@@ -62,6 +63,7 @@ router.register("notices", NoticeViewSet, basename="notice")
 router.register("plans", PlanViewSet, basename="plan")
 router.register("deployments", InferenceDeploymentViewSet, basename="deployment")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
+router.register("quotas", TenantQuotaViewSet, basename="quota")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),

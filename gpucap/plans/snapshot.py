@@ -50,6 +50,7 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Exists, JSONField, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
+from gpucap.allocation.selectors import set_quotas
 from gpucap.arbiter import model as am
 from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
@@ -392,6 +393,7 @@ class LiveCapacity:
                 pool=vm.pool.name,
                 gpus=vm.gpu_count,
                 requested_at=vm.requested_at,
+                # Whose quotas it counts against and whose dedicated nodes it may use.
                 tenant=vm.tenant.slug,
                 # Where its disk waits (a reclaimed spot VM): placement prefers that node.
                 disk_node=(
@@ -496,7 +498,8 @@ class SetSnapshot:
 def capacity_set_snapshot(
     capacity_set: CapacitySet, *, extra_demands: Iterable[am.Demand] = ()
 ) -> SetSnapshot:
-    """The set as the arbiter sees it now. Seven queries, whatever the set's size."""
+    """The set as the arbiter sees it now, with the quotas that bind its tenants. Eight or
+    nine queries, whatever the set's size."""
     generation = CapacitySet.objects.filter(pk=capacity_set.pk).values_list(
         "generation", flat=True
     )[0]
@@ -509,6 +512,9 @@ def capacity_set_snapshot(
         name=capacity_set.name,
         extra_demands=extra_demands,
         jobs=True,
+    )
+    snapshot = replace(
+        snapshot, quotas=set_quotas(capacity_set=capacity_set, pools=list(live.pools.values()))
     )
     return SetSnapshot(
         capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live

@@ -34,12 +34,13 @@ partial unique index on live allocations is the last line either way.
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gpucap import arbiter, locks
+from gpucap.allocation.selectors import snapshot_quotas
 from gpucap.arbiter import model as am
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Node, Pool
@@ -120,6 +121,8 @@ def _place_class(fleet: LiveCapacity, hardware: Hardware, result: PlacementResul
         # snapshot as on_demand, which the arbiter never preempts (rule 1).
         pool_kind=lambda pool: "spot" if pool.kind == Pool.Kind.SPOT else "on_demand",
     )
+    pools = [pool for pool in fleet.pools.values() if (pool.gpu_model, pool.fabric) == hardware]
+    snapshot = replace(snapshot, quotas=snapshot_quotas(gpu_model=gpu_model, pools=pools))
     problems = arbiter.snapshot_problems(snapshot)
     if problems:
         # Cannot happen through the services; if it does, place nothing rather than guess.

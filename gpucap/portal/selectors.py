@@ -2,7 +2,7 @@
 API keys, usage, the pools it may use) and the operators' list of every tenant with what it
 runs. Each is written to a fixed number of queries."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
@@ -11,6 +11,7 @@ from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquer
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gpucap.allocation.selectors import quotas_with_use
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.selectors import DeploymentList, tenant_deployments
@@ -78,6 +79,7 @@ class TenantPortal:
     pools: list[PoolAccess]
     member_count: int
     dedicated: list["DedicatedNode"]
+    quotas: list = field(default_factory=list)  # (TenantQuota, QuotaUse): its quotas and use
 
     @property
     def read_only(self) -> bool:
@@ -90,8 +92,9 @@ class TenantPortal:
 
 def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | None = None):
     """A tenant's home: the viewer's role, the live part (`portal_live`), its API keys, the
-    pools it may use, its dedicated nodes and how many members it has. Twelve queries and one
-    Redis round trip, whatever the number of VMs, deployments, keys, pools or nodes."""
+    pools it may use, its dedicated nodes, its quotas with their use and how many members it
+    has. A fixed number of queries (twelve, thirteen with a quota) and one Redis round trip,
+    whatever the number of VMs, deployments, keys, pools, nodes or quotas."""
     keys = list(
         ApiKey.objects.filter(tenant=tenant)
         .select_related("deployment")
@@ -106,6 +109,7 @@ def tenant_portal(*, tenant: Tenant, user: AbstractBaseUser, now: datetime | Non
         pools=pool_access(tenant=tenant),
         member_count=tenant.memberships.count(),
         dedicated=dedicated_nodes(tenant=tenant),
+        quotas=quotas_with_use(tenant_ids=[tenant.pk]),
     )
 
 

@@ -11,6 +11,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gpucap.allocation.models import TenantQuota
+from gpucap.allocation.selectors import quota_refusal
 from gpucap.arbiter.topology import gpu_count_problem, node_partitions
 from gpucap.audit.services import Actor, audit_record
 from gpucap.drivers.seed import user_data_problem
@@ -194,6 +196,8 @@ def vm_request(
         errors["user_data"] = "must be text"
     elif user_data_problem(user_data):
         errors["user_data"] = user_data_problem(user_data)
+    if not errors and role == VirtualMachine.Role.RENTAL:
+        errors.update(_quota_refusal(tenant=tenant, pool=pool, gpu_count=gpu_count))
     if errors:
         raise ValidationError(errors)
     vm = VirtualMachine.objects.create(
@@ -225,6 +229,18 @@ def vm_request(
     if announce:
         demand_added(pool=pool)
     return vm
+
+
+def _quota_refusal(*, tenant: Tenant, pool: Pool, gpu_count: int) -> dict[str, str]:
+    """A rental past one of the tenant's quotas (gpucap/allocation) is refused at once, naming
+    the quota and what holds it. The tenant's row is locked first when it has a quota, so two
+    requests racing cannot both take the last room. Inference replicas are not refused here:
+    the autoscaler's scale-up is a demand like any other, and the arbiter never places it past
+    a quota (the snapshot carries the quotas), so a deployment waits rather than fails."""
+    if not TenantQuota.objects.filter(tenant=tenant).exists():
+        return {}
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
+    return quota_refusal(tenant=tenant, pool=pool, gpu_count=gpu_count)
 
 
 def demand_added(*, pool: Pool) -> None:

@@ -33,7 +33,7 @@ def test_every_menu_link_opens_a_page_for_each_role(
     Membership.objects.filter(user=member).update(role=Membership.Role.ADMIN)
     Membership.objects.create(user=other_member, tenant=tenant, role=Membership.Role.MEMBER)
     for user, expected in (
-        (operator, {"Fleet", "Capacity sets", "Tenants", "VMs", "Inference", "Notices"}),
+        (operator, {"Fleet", "Capacity sets", "Tenants", "Quotas", "VMs", "Inference", "Notices"}),
         (member, {"My tenant", "My VMs", "Inference", "Notices", "My usage"}),
         (other_member, {"My VMs", "Inference", "Notices", "My usage"}),
     ):

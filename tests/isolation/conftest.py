@@ -18,6 +18,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 from rest_framework.authtoken.models import Token
 
+from gpucap.allocation import services as allocation
 from gpucap.fleet import services as fleet
 from gpucap.inference import services as inference
 from gpucap.notices import services as notices
@@ -155,6 +156,10 @@ def world_build() -> World:
         capacity_set=h100,
         data={"name": "peak", "pools": {"h100-ondemand": {"floor_gpus": 4}}, "ttl_seconds": 3600},
     )
+    # acme's quota where its VM runs: its use names the VM (a marker).
+    quota = allocation.quota_set(
+        tenant=acme, pool=pools["a100-standalone"], max_gpus=8, actor=users["operator"]
+    ).quota
     ids = {
         # pages
         "slug": acme.slug,
@@ -196,6 +201,7 @@ def world_build() -> World:
         ("simulations", "id"): simulation.pk,
         ("schedule", "name"): entry.name,
         ("overrides", "name"): override.name,
+        ("quotas", "pk"): quota.pk,
     }
     # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.
     markers = [SECRET, vm.ip_address, api_key.prefix, invitation.email]

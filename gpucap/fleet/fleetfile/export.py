@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Prefetch
 
 from gpucap.fleet import services as fleet
-from gpucap.fleet.fleetfile.sections import set_sections
+from gpucap.fleet.fleetfile.sections import file_sections, set_sections
 from gpucap.fleet.fleetfile.spec import FORMAT_VERSION
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.roles import OPERATORS_GROUP
@@ -32,6 +32,10 @@ def fleet_file_export() -> str:
         "pools": _export_pools(),
         "images": _export_images(),
     }
+    # The top-level sections apps above the fleet add (the tenants' quotas), after the rest.
+    for section in file_sections():
+        if value := section.export_file():
+            document[section.key] = [_flow_leaves(item) for item in value]
     body = yaml.dump(
         document,
         Dumper=_Dumper,

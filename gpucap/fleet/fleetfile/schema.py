@@ -5,6 +5,7 @@ collects every problem of a file in one pass. `checks` words its findings as gpu
 ("clusters[0].nodes[3] (h100-004): gpus: must be 1..8, got 9") and adds the rules that span
 several keys or items (count patterns, partition tables, duplicates, ranks)."""
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -64,6 +65,7 @@ def fleet_file_parse(text: str, *, source: str) -> FleetFile:
         raise FleetFileError([f"{source}: not valid YAML: {exc}"]) from None
     raw = {} if raw is None else raw
     raw, set_sections = sections.sections_apart(raw)
+    raw, file_sections = sections.file_sections_apart(raw)
     try:
         document = Document.model_validate(raw)
         errors = []
@@ -73,11 +75,15 @@ def fleet_file_parse(text: str, *, source: str) -> FleetFile:
         raw,
         errors,
         document=Document,
-        extra=sections.section_problems(raw, set_sections, document=Document),
+        extra=[
+            *sections.section_problems(raw, set_sections, document=Document),
+            *sections.file_section_problems(file_sections),
+        ],
     )
     if found:
         raise FleetFileError([f"{source}: {problem}" for problem in found])
-    return _fleet_file(document, raw, source=source, set_sections=set_sections)
+    fleet_file = _fleet_file(document, raw, source=source, set_sections=set_sections)
+    return dataclasses.replace(fleet_file, sections=tuple(file_sections))
 
 
 # --- YAML ---------------------------------------------------------------------------------------

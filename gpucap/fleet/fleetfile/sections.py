@@ -1,4 +1,5 @@
-"""Sections that apps above the fleet add to a capacity set's entry in a fleet file.
+"""Sections that apps above the fleet add to a fleet file: to a capacity set's entry
+(`SetSection`, a set's schedule) or to the top of the file (`FileSection`, the tenants' quotas).
 
 The fleet file lives in gpucap.fleet, below the apps that hang policy on a capacity set (a set's
 schedule is gpucap.schedules'). Such an app hands in a `SetSection` from its
@@ -9,7 +10,8 @@ hands rentals its reader of why a VM waits.
 A section's key is optional in a set's entry. Left out (or given no value), what the set holds
 of that section is left as it is and listed as ``not in file (left as is)``; given, even as
 ``[]``, it declares the set's rows of that section whole, and rows the file does not list are
-removed.
+removed. A top-level section works the same way for the whole file: left out, its rows are
+left as they are; given, it declares them all.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ class SectionSpec:
     """What a fleet file says in one section (``key``) of one capacity set, as written."""
 
     key: str
-    capacity_set: str  # the set's name
-    path: str  # the set's place in the file: "capacity_sets[0]"
+    capacity_set: str  # the set's name ("" for a top-level section)
+    path: str  # the set's place in the file: "capacity_sets[0]" ("" for a top-level section)
     value: object = field(repr=False)
 
     @property
@@ -40,7 +42,7 @@ class SectionSpec:
 
     def where(self, index: int, label: object = None) -> str:
         """The place of the section's item ``index``: "capacity_sets[0].schedules[1] (night)"."""
-        place = f"{self.path}.{self.key}[{index}]"
+        place = f"{self.path}.{self.key}[{index}]" if self.path else f"{self.key}[{index}]"
         return f"{place} ({label})" if isinstance(label, str) and label.strip() else place
 
 
@@ -73,6 +75,15 @@ class SectionPlan(Protocol):
 
     def left_as_is(self, labels: list[str]) -> None: ...
 
+    def pool_names(self) -> set[str]:
+        """Every pool once the file is applied."""
+
+    def tenant_slugs(self) -> set[str]:
+        """Every tenant once the file is applied."""
+
+    def gpu_models(self) -> set[str]:
+        """Every GPU model of a pool, node or set once the file is applied."""
+
 
 class SetSection(Protocol):
     key: str  # the key in a capacity set's entry: "schedules"
@@ -92,7 +103,25 @@ class SetSection(Protocol):
         """Each set's section in the file's form, by set name; a set with nothing is left out."""
 
 
+class FileSection(Protocol):
+    """A top-level section: ``check``, ``plan`` and ``actions`` as a `SetSection`'s (its
+    ``plan.specs`` hold one spec, the file's, whose ``path`` is "")."""
+
+    key: str  # the top-level key: "quotas"
+    noun: str
+    plural: str
+    actions: Mapping[str, Callable[..., object]]
+
+    def check(self, spec: SectionSpec) -> list[str]: ...
+
+    def plan(self, plan: SectionPlan) -> None: ...
+
+    def export_file(self) -> list:
+        """The section in the file's form; empty: left out of the export."""
+
+
 _sections: dict[str, SetSection] = {}
+_file_sections: dict[str, FileSection] = {}
 
 
 def set_section_add(section: SetSection) -> None:
@@ -104,8 +133,17 @@ def set_sections() -> tuple[SetSection, ...]:
     return tuple(_sections.values())
 
 
+def file_section_add(section: FileSection) -> None:
+    """Register a top-level ``section`` (again: replace the one of its key)."""
+    _file_sections[section.key] = section
+
+
+def file_sections() -> tuple[FileSection, ...]:
+    return tuple(_file_sections.values())
+
+
 def set_section_action(action: str) -> Callable[..., object] | None:
-    for section in _sections.values():
+    for section in (*_sections.values(), *_file_sections.values()):
         if action in section.actions:
             return section.actions[action]
     return None
@@ -155,8 +193,32 @@ def section_problems(raw: object, given: dict[int, list[SectionSpec]], *, docume
     return found
 
 
+def file_sections_apart(raw: object) -> tuple[object, list[SectionSpec]]:
+    """``raw`` without the top-level sections, and those given a value."""
+    if not isinstance(raw, dict):
+        return raw, []
+    keys = [section.key for section in file_sections()]
+    found = [
+        SectionSpec(key=key, capacity_set="", path="", value=raw[key])
+        for key in keys
+        if raw.get(key) is not None
+    ]
+    return {k: v for k, v in raw.items() if k not in keys}, found
+
+
+def file_section_problems(given: list[SectionSpec]) -> list:
+    """(sort key, line) of the problems of the top-level sections ``given``: after the rest."""
+    keys = [section.key for section in file_sections()]
+    found = []
+    for spec in given:
+        section = _file_sections[spec.key]
+        for k, text in enumerate(section.check(spec)):
+            found.append(([10**9, keys.index(spec.key), k], text))
+    return found
+
+
 def plural_of(noun: str) -> str:
-    for section in _sections.values():
+    for section in (*_sections.values(), *_file_sections.values()):
         if noun == section.noun:
             return section.plural
     return f"{noun}s"

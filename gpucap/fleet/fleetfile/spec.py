@@ -144,6 +144,7 @@ class FleetFile:
     capacity_sets: tuple[CapacitySetSpec, ...] = ()
     pools: tuple[PoolSpec, ...] = ()
     images: tuple[ImageSpec, ...] = ()
+    sections: tuple[SectionSpec, ...] = ()  # the top-level sections apps add (quotas)
 
 
 @dataclass(frozen=True)

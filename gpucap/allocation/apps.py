@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class AllocationConfig(AppConfig):
+    name = "gpucap.allocation"
+    verbose_name = "Tenant allocation"
+
+    def ready(self) -> None:
+        from gpucap.allocation.fleet_section import QUOTAS
+        from gpucap.fleet.fleetfile.sections import file_section_add
+
+        # The tenants' quotas are part of the fleet file, which sits below this app.
+        file_section_add(QUOTAS)
