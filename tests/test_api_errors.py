@@ -221,6 +221,18 @@ def test_a_filter_value_holding_a_percent_sign_is_a_400_not_a_500(operator_api, 
 
 @pytest.mark.parametrize(
     "query",
+    ["/api/deployments/?pool=", "/api/images/?cluster=", "/api/vms/?pool=&state=running"],
+)
+def test_an_id_filter_given_empty_is_refused_not_dropped(operator_api, fleet_east, query):
+    """``?pool=`` was read as no filter: every row came back, as if filtered (the API fuzz)."""
+    name = query.split("?")[1].split("=")[0]
+    error = assert_error(operator_api.get(query), 400, "invalid")
+    assert set(error["fields"]) == {name}
+    assert "leave the parameter out not to filter" in error["fields"][name][0]
+
+
+@pytest.mark.parametrize(
+    "query",
     ["/api/nodes/?state=", "/api/vms/?state=", "/api/pools/?kind=", "/api/notices/?reason="],
 )
 def test_a_choice_filter_given_empty_is_refused_not_dropped(operator_api, fleet_east, query):

@@ -14,12 +14,25 @@ from drf_spectacular.utils import extend_schema_field
 MAX_ID = 2**63 - 1
 
 
+class _IdGiven(forms.IntegerField):
+    """An id given in the query must be a whole number: ``?pool=`` (given, empty) is refused.
+    django-filter read an empty value as "no filter", so a client that sent one got every row
+    and believed it had filtered (the API fuzz found ``/api/deployments/?pool=`` answered 200)."""
+
+    def clean(self, value):
+        if value == "":
+            raise forms.ValidationError(
+                "must be a whole number; leave the parameter out not to filter"
+            )
+        return super().clean(value)
+
+
 @extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})
 class IdFilter(django_filters.NumberFilter):
     """A foreign key by id: a whole number from 1 to the largest bigint, or a 400 naming the
     parameter."""
 
-    field_class = forms.IntegerField
+    field_class = _IdGiven
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("min_value", 1)

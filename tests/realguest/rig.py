@@ -21,6 +21,7 @@ kernel, an initramfs of ``busybox-static`` and the init in tests/realguest/guest
 var/realguest/. KVM is used where a guest boots under it; else QEMU emulates (TCG).
 """
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -61,6 +62,49 @@ MODULES = (
     "cdrom",
     "isofs",
 )
+
+
+def sweep_leftovers() -> None:
+    """Clear what a rig of a process that no longer lives left behind (a test run killed with
+    SIGKILL never closes its rig): its daemons, namespaces, veth and directory. The veth holds
+    the route to the guest subnet, which the next rig could not add while it stands ("File
+    exists"). A live rig's are left alone: their process id is in their names."""
+    dead = set()
+    for directory in Path("/tmp").glob("gpucap-rig-*"):
+        tag = directory.name.removeprefix("gpucap-rig-")
+        if tag.isdigit() and not _alive(int(tag)):
+            dead.add(tag)
+    names = run("ip", "-o", "link", "show", check=False).stdout
+    for word in names.split():
+        word = word.rstrip(":").split("@")[0]
+        tag = word[3:-1]
+        if word.startswith("gcr") and word.endswith("h") and tag.isdigit() and not _alive(int(tag)):
+            dead.add(tag)
+    for tag in dead:
+        for pid_file in Path(f"/tmp/gpucap-rig-{tag}").rglob("*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        pgrep = run("pgrep", "-f", f"/tmp/gpucap-rig-{tag}/", check=False).stdout
+        for pid in pgrep.split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        spaces = run("ip", "netns", "list", check=False).stdout
+        for line in spaces.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if name == f"gpucap-rig-{tag}" or name.startswith(f"gpucap-rig-{tag}-"):
+                run("ip", "netns", "del", name, check=False)
+        run("ip", "link", "del", f"gcr{tag}h"[:15], check=False)
+        shutil.rmtree(f"/tmp/gpucap-rig-{tag}", ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RigError(RuntimeError):
@@ -249,6 +293,7 @@ class Node:
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(parents=True)
         try:
+            sweep_leftovers()
             self._network()
             self._libvirtd()
         except BaseException:
