@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from gpucap.plans.models import SimulationRun
 from gpucap.plans.simulation_runs import simulation_carry_out
+from gpucap.plans.simulation_views import SET_PAGE_RUNS
 from tests.plans import simulation_set
 
 full_set = simulation_set.full_set
@@ -199,6 +200,26 @@ def test_the_set_page_lists_the_latest_runs(operator_client, form_data):
 
     assert "first look" in section
     assert _url("simulations-section") in page.content.decode()
+
+
+def test_the_section_links_every_run_only_when_it_shows_fewer(operator_client, form_data):
+    """Five runs fit the section; a sixth moves the oldest to the set's simulations page."""
+    every_run = "Every simulation of h100-east"
+
+    def section() -> str:
+        return operator_client.get(
+            _url("simulations-section"), headers={"HX-Request": "true"}
+        ).content.decode()
+
+    for number in range(1, SET_PAGE_RUNS + 1):
+        operator_client.post(_url("simulations"), {**form_data, "name": f"look {number}"})
+    shown = section()
+    operator_client.post(_url("simulations"), {**form_data, "name": "look 6"})
+    after_sixth = section()
+
+    assert every_run not in shown and "look 1" in shown
+    assert every_run in after_sixth
+    assert "look 6" in after_sixth and "look 1" not in after_sixth
 
 
 def test_run_again_fills_the_form_in_as_the_run_was_asked(operator_client, form_data):
