@@ -100,11 +100,13 @@ class Fleet:
         self.vms: dict[str, Vm] = {vm.id: vm for vm in snapshot.vms}
         self.gone: list[Vm] = []  # preempted: under notice until they leave
         self.demands = {demand.id: demand for demand in snapshot.demands}
+        self._held_gpus: dict[str, set[int]] | None = None  # node -> GPUs held, once asked
 
     def apply(self, plan: Plan, demands: dict[str, Demand], *, state: str = "notified") -> None:
         """The plan's placements become VMs (``state``: under notice, fixed for the rest of the
         plan; running, to plan what comes after it) and its victims leave."""
         now = self.base.now
+        self._held_gpus = None
         jobs: dict[str, int] = {}
         for placement in plan.placements:
             group = demands[placement.demand].group
@@ -169,11 +171,11 @@ class Fleet:
 
     def busy(self, node: Node) -> set[int]:
         """The node's GPUs that are failed or held by a VM of the fleet now."""
-        gpus = set(node.failed_gpus)
-        for vm in self.vms.values():
-            if vm.node == node.name:
-                gpus.update(vm.gpus)
-        return gpus
+        if self._held_gpus is None:
+            self._held_gpus = {}
+            for vm in self.vms.values():
+                self._held_gpus.setdefault(vm.node, set()).update(vm.gpus)
+        return self._held_gpus.get(node.name, set()) | set(node.failed_gpus)
 
     def lowest_pool(self, name: str) -> Pool:
         """A spot pool ranked below every pool of the set, without floor or protection."""

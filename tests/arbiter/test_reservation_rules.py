@@ -75,3 +75,19 @@ def test_reservations_in_full_use_without_borrowers_change_nothing(snapshot):
     plain = plan(dataclasses.replace(fleet, reservations=()))
     assert dataclasses.replace(result, reservations=()) == plain
     assert all(r.kept_gpus == 0 and r.claim_complete for r in result.reservations)
+
+
+def test_a_bench_sized_set_with_reservations_obeys_every_rule():
+    import random
+
+    from bench.arbiter_scale import generate, with_reservations, with_tenancy
+    from gpucap.arbiter.codec import snapshot_from_dict
+
+    data = generate(400, random.Random(3))
+    with_tenancy(data, random.Random(4))
+    with_reservations(data, random.Random(5))
+    snapshot = snapshot_from_dict(data)
+    result = plan(snapshot)
+    assert any(p.reservation for p in result.placements)
+    assert any(r.claim_reclaims for r in result.reservations)
+    assert rule_violations(snapshot, result) == []
