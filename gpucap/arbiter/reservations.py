@@ -195,7 +195,6 @@ class Passes:
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.unsatisfied: dict[str, Unsatisfied] = {}
-        self.claim_of: dict[str, str] = {}  # demand -> reservation it claims for
         self.kept: dict[str, list[Block]] = {}
         self.claim_blocks: dict[str, list[Block]] = {}
 
@@ -208,7 +207,7 @@ class Passes:
             r.id: blocks_wanted(r, self._holding(r.tenant) + self._lent(r.id))
             for r in self.snapshot.reservations
         }
-        self.kept = self._keep(wanted, held_back=[])
+        self.kept = self._keep(wanted)
         held_back = [(rid, block) for rid, blocks in self.kept.items() for block in blocks]
         claimed = {demand for groups in claims.values() for group in groups for demand in group}
         ordinary = [d for g in order for d in g if d not in claimed]
@@ -245,7 +244,7 @@ class Passes:
                 r.id: blocks_wanted(r, held(self.snapshot, r.tenant) + self._lent(r.id))
                 for r in reservations
             }
-            self.claim_blocks = self._keep(wanted, held_back=[])
+            self.claim_blocks = self._keep(wanted)
         for rid, groups in claims.items():
             held_back = [
                 (other, block)
@@ -256,20 +255,15 @@ class Passes:
             borrowers = [
                 vm for vm, of in self.borrowers.items() if of == rid and vm in self.fleet.vms
             ]
-            demands = [demand for group in groups for demand in group]
-            for demand in demands:
-                self.claim_of[demand.id] = rid
             self._pass(
-                demands,
+                [demand for group in groups for demand in group],
                 held_back=held_back,
                 borrowers=borrowers,
                 pools=[self.fleet.lowest_pool(BORROWED_POOL)] if borrowers else [],
                 reservation=rid,
             )
 
-    def _keep(
-        self, wanted: dict[str, int], held_back: list[tuple[str, Block]]
-    ) -> dict[str, list[Block]]:
+    def _keep(self, wanted: dict[str, int]) -> dict[str, list[Block]]:
         """Place the wanted blocks on free capacity only (a lowest-ranked pool reclaims from
         no one), largest blocks first, the reservations' blocks in turn."""
         demands = []
@@ -289,9 +283,7 @@ class Passes:
                 )
         if not demands:
             return {}
-        snapshot = self.fleet.snapshot_for(
-            demands, held_back=held_back, pools=[self.fleet.lowest_pool(KEEP_POOL)]
-        )
+        snapshot = self.fleet.snapshot_for(demands, pools=[self.fleet.lowest_pool(KEEP_POOL)])
         kept: dict[str, list[Block]] = {}
         for placement in self.plan_one(snapshot).placements:
             kept.setdefault(owner[placement.demand], []).append((placement.node, placement.gpus))
