@@ -2,6 +2,12 @@
 what is kept, who borrows it, and what claiming its unused part right after the plan would
 reclaim. `plan_reserved` is where `planner.plan` sends a snapshot with reservations.
 
+Reservations asking more than the set's ready shared GPUs (a node went down, was cordoned or
+lost a GPU) are honoured as far as those GPUs go, in the snapshot's order (a caller lists the
+oldest first, so the newest is the one cut), each in whole blocks (`honoured`): the plan is
+made with each reservation cut to what is honoured, and its report says how far it is short.
+Refusing the snapshot instead would leave the whole set unplanned the moment a node fails.
+
 The hypothetical claim is planned on the fleet as the plan leaves it (placements running,
 victims gone), like a real claim: ceil(U / block_gpus) demands of ``block_gpus`` GPUs, each a
 group of its own (so a claim that can be served only in part still shows what that part would
@@ -26,16 +32,41 @@ from gpucap.arbiter.reservations import (
     blocks_wanted,
     held,
 )
+from gpucap.arbiter.topology import ready_shared_gpus
 
-__all__ = ["plan_reserved", "reports"]
+__all__ = ["honoured", "plan_reserved", "reports"]
+
+
+def honoured(snapshot: Snapshot) -> dict[str, int]:
+    """Per reservation, the GPUs the set's ready shared nodes can honour: in the snapshot's
+    order, each takes what is left of those GPUs, in whole blocks, up to its ``gpus``."""
+    left = ready_shared_gpus(snapshot.nodes)
+    given: dict[str, int] = {}
+    for r in snapshot.reservations:
+        given[r.id] = min(r.gpus, left // r.block_gpus * r.block_gpus)
+        left -= given[r.id]
+    return given
 
 
 def plan_reserved(snapshot: Snapshot, plan_one: Planner) -> Plan:
     """The plan of a snapshot with reservations (reservations.py), with each reservation's
-    report; ``plan_one`` plans a snapshot without any (`planner.plan`)."""
-    passes = Passes(snapshot, plan_one)
+    report; ``plan_one`` plans a snapshot without any (`planner.plan`). The passes see each
+    reservation cut to what is `honoured`; the reports give what was asked and the shortfall."""
+    given = honoured(snapshot)
+    cut = replace(
+        snapshot,
+        reservations=tuple(replace(r, gpus=given[r.id]) for r in snapshot.reservations),
+    )
+    passes = Passes(cut, plan_one)
     merged = passes.run()
-    return replace(merged, reservations=reports(snapshot, merged, passes, plan_one))
+    asked = {r.id: r.gpus for r in snapshot.reservations}
+    return replace(
+        merged,
+        reservations=tuple(
+            replace(report, gpus=asked[report.id], short_gpus=asked[report.id] - report.gpus)
+            for report in reports(cut, merged, passes, plan_one)
+        ),
+    )
 
 
 def reports(

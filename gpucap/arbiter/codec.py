@@ -221,6 +221,7 @@ def _reservation_report_to_dict(report: ReservationReport) -> dict:
         "tenant": report.tenant,
         "gpus": report.gpus,
         "block_gpus": report.block_gpus,
+        "short_gpus": report.short_gpus,
         "held_before": report.held_before,
         "held_after": report.held_after,
         "kept_gpus": report.kept_gpus,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gpucap.arbiter.model import Plan, Snapshot
+from gpucap.arbiter.topology import ready_shared_gpus
 
 # Categories of partitions that can neither be given nor reclaimed, in the order a partition is
 # attributed to one when several apply.
@@ -315,11 +316,26 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
                 for r in plan.reservations
             ],
         )
+        lines += _short_lines(snapshot, plan)
     lines += ["", f"Unsatisfied ({len(plan.unsatisfied)})"]
     lines += _table(
         ("demand", "group", "reason"), [(u.demand, u.group, u.reason) for u in plan.unsatisfied]
     )
     return "\n".join(lines) + "\n"
+
+
+def _short_lines(snapshot: Snapshot, plan: Plan) -> list[str]:
+    """Why a reservation is short: the set's ready shared GPUs do not cover what they ask."""
+    short = [r for r in plan.reservations if r.short_gpus]
+    if not short:
+        return []
+    room = ready_shared_gpus(snapshot.nodes)
+    asked = sum(r.gpus for r in plan.reservations)
+    return [""] + [
+        f"{r.id}: {_gpus(r.short_gpus)} short: the set has {room} ready GPUs not dedicated to a "
+        f"tenant, its reservations ask for {asked} (honoured in the order given, in whole blocks)"
+        for r in short
+    ]
 
 
 def _reserved(placement) -> str:

@@ -57,17 +57,22 @@ file is read unchanged):
 - top level ``"reservations"``: a list of ``{"id": str, "tenant": str, "gpus": int,
   "block_gpus": int}`` (``block_gpus`` 1, 2, 4 or 8, default 1, a partition size of the set's
   fabric), the reservations in force at ``now`` (the Django layer resolves calendar windows).
-  ``gpus`` is a positive multiple of ``block_gpus``; ids are unique; a tenant has at most one;
-  together they fit the GPUs of the set's ready nodes that are not dedicated.
+  ``gpus`` is a positive multiple of ``block_gpus``; ids are unique; a tenant has at most one.
+  Together they may ask more than the working GPUs of the set's ready nodes not dedicated to a
+  tenant (a node went down or was cordoned): that is no problem of the snapshot. They are then
+  honoured as far as those GPUs go, in the order given (a caller lists the oldest first, so
+  the newest is the one cut), each in whole blocks; a reservation is planned as one of the GPUs
+  honoured, and its report's ``short_gpus`` says how many it is short.
 - VM ``"borrowed"``: the id of a reservation whose kept capacity the VM (a spot VM of another
   tenant) borrows. An id no reservation has (the reservation ended) means not borrowing.
 
 The rules of reservations (reservations.py, docs/arbiter.md "Reservations"):
 
-1. The tenant of a reservation of N GPUs holds H: the GPUs of its running VMs in the set. Its
-   unused part is U = max(0, N - H); while U > 0, ceil((U - L) / block_gpus) free partitions
-   of block_gpus GPUs on shared ready nodes are kept for it, L being the GPUs its borrowers
-   still hold (that part is lent); a block only partly needed is kept whole.
+1. The tenant of a reservation of N GPUs (N: the GPUs honoured, above) holds H: the GPUs of
+   its running VMs in the set. Its unused part is U = max(0, N - H); while U > 0,
+   ceil((U - L) / block_gpus) free partitions of block_gpus GPUs on shared ready nodes are
+   kept for it, L being the GPUs its borrowers still hold (that part is lent); a block only
+   partly needed is kept whole.
 2. Claims: the tenant's demand groups, in the order of service, that fit in U (first fit) are
    served first, as a claim: they may take the kept capacity and reclaim the VMs borrowing from
    their reservation before anything else, whatever the borrowers' rank, floor or protection;
@@ -297,6 +302,9 @@ class ReservationReport(_Frozen):
     borrowed: tuple[str, ...]
     claim_reclaims: tuple[str, ...]
     claim_complete: bool
+    # GPUs of ``gpus`` the set's ready shared nodes cannot honour (claims.honoured): the rules
+    # above apply to the rest.
+    short_gpus: int = 0
     # Not in the plan JSON (like PoolBalance.rank): the blocks (node, GPUs) held back for it
     # once its claims were served, before borrowing; and those held back for it while other
     # reservations' claims were served. The referee (tests/arbiter/rules.py) checks them.

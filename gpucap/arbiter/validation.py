@@ -98,7 +98,7 @@ def check_snapshot(
         )
     )
     if reservations:
-        problems.extend(reservation_problems(reservations=reservations, nodes=nodes, fabric=fabric))
+        problems.extend(reservation_problems(reservations=reservations, fabric=fabric))
     return [one_line(problem) for problem in problems]
 
 

@@ -7,7 +7,9 @@ claims past the unused part or of another tenant, kept blocks that are no free p
 the reservation's size, kept capacity used by anyone but the tenant and borrowers, a
 reservation kept short while an ordinary placement took a block it could have kept, a claim
 reclaiming others while a partition held only by its borrowers was there, and reports that
-misstate what the tenant holds, what is kept or who borrows.
+misstate what the tenant holds, what is kept, who borrows or how far it is short. A
+reservation is judged by the GPUs honoured (`honoured`): reservations asking more than the
+set's ready shared GPUs are honoured in the order given, in whole blocks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,22 @@ from gpucap.arbiter.topology import partition_table
 Gpus = set[tuple[str, int]]
 
 
+def honoured(snapshot: Snapshot) -> dict[str, int]:
+    """Per reservation, the GPUs of it the set's working GPUs on ready shared nodes honour."""
+    left = sum(
+        1
+        for node in snapshot.nodes
+        if node.state == "ready" and node.tenant is None
+        for index in range(node.gpus)
+        if index not in node.failed_gpus
+    )
+    given = {}
+    for r in snapshot.reservations:
+        given[r.id] = min(r.gpus, r.block_gpus * (left // r.block_gpus))
+        left -= given[r.id]
+    return given
+
+
 def _gpus(blocks) -> Gpus:
     return {(node, index) for node, gpus in blocks for index in gpus}
 
@@ -28,6 +46,7 @@ class Reserved:
     def __init__(self, snapshot: Snapshot, plan: Plan) -> None:
         self.snapshot, self.plan = snapshot, plan
         self.reservations = {r.id: r for r in snapshot.reservations}
+        self.honoured = honoured(snapshot)
         kinds = {pool.name: pool.kind for pool in snapshot.pools}
         self.kinds = kinds
         owners = {r.id: r.tenant for r in snapshot.reservations}
@@ -99,7 +118,7 @@ class Reserved:
         problems = []
         for rid, r in self.reservations.items():
             mine = [p for p in claims if p.reservation == rid]
-            unused = max(0, r.gpus - self._held_before(r.tenant))
+            unused = max(0, self.honoured[rid] - self._held_before(r.tenant))
             if sum(len(p.gpus) for p in mine) > unused:
                 problems.append(f"reservation {rid}: claims take more than its unused {unused}")
             for p in mine:
@@ -157,7 +176,7 @@ class Reserved:
             - sum(len(g) for g in lost)
             + lent
         )
-        wanted = math.ceil(max(0, r.gpus - holding) / r.block_gpus)
+        wanted = math.ceil(max(0, self.honoured[rid] - holding) / r.block_gpus)
         if len(report.kept_blocks) > wanted:
             problems.append(f"{rid}: keeps {len(report.kept_blocks)} blocks, wants {wanted}")
         later = [p for p in self.plan.placements if p.reservation is None]
@@ -204,7 +223,10 @@ class Reserved:
             problems.append(f"{rid}: borrowers {sorted(must - set(report.borrowed))} not listed")
         if list(report.borrowed) != sorted(set(report.borrowed)):
             problems.append(f"{rid}: borrowed is not sorted")
-        if after >= r.gpus and (report.claim_reclaims or not report.claim_complete):
+        short = r.gpus - self.honoured[rid]
+        if (report.gpus, report.short_gpus) != (r.gpus, short):
+            problems.append(f"{rid}: {report.gpus} GPUs, {report.short_gpus} short, not {short}")
+        if after >= self.honoured[rid] and (report.claim_reclaims or not report.claim_complete):
             problems.append(f"{rid}: fully used, yet a claim would reclaim or fail")
         on_demand = {vm.id for vm in self.snapshot.vms if self.kinds[vm.pool] == "on_demand"} | {
             p.demand

@@ -315,6 +315,7 @@ def test_plan_reads_a_file_with_a_reservation_and_a_borrower(tmp_path):
             "tenant": "acme",
             "gpus": 8,
             "block_gpus": 8,
+            "short_gpus": 0,
             "held_before": 0,
             "held_after": 8,
             "kept_gpus": 0,
@@ -325,11 +326,18 @@ def test_plan_reads_a_file_with_a_reservation_and_a_borrower(tmp_path):
     ]
 
 
-def test_a_reservation_too_big_for_the_set_exits_2():
-    def mutate(data):
-        data["reservations"] = [{"id": "r1", "tenant": "acme", "gpus": 24, "block_gpus": 8}]
-
-    assert broken(mutate) == [
-        "reservations[0] (r1): gpus 24 takes the set's reservations to 24 GPUs, more than the "
-        "16 GPUs of its ready nodes not dedicated to a tenant"
-    ]
+def test_a_reservation_past_the_sets_ready_gpus_is_planned_and_reported_short():
+    """A node going down must never stop the planning: the reservation is honoured as far as
+    the ready GPUs go, and the plan says how far it is short."""
+    data = example()
+    data["reservations"] = [{"id": "r1", "tenant": "acme", "gpus": 24, "block_gpus": 8}]
+    done = arbiter("plan", "-", stdin=json.dumps(data))
+    assert done.returncode == 0, done.stderr
+    (report,) = json.loads(done.stdout)["reservations"]
+    assert (report["gpus"], report["short_gpus"]) == (24, 8)
+    done = arbiter("explain", "-", stdin=json.dumps(data))
+    assert done.returncode == 0, done.stderr
+    assert (
+        "r1: 8 GPUs short: the set has 16 ready GPUs not dedicated to a tenant, its reservations "
+        "ask for 24 (honoured in the order given, in whole blocks)"
+    ) in done.stdout
