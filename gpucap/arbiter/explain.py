@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gpucap.arbiter.model import Plan, Snapshot
+from gpucap.arbiter.topology import ready_shared_gpus
 
 # Categories of partitions that can neither be given nor reclaimed, in the order a partition is
 # attributed to one when several apply.
@@ -249,13 +250,16 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
         "",
         f"Placements ({len(plan.placements)})",
     ]
-    lines += _table(
-        ("demand", "node", "gpus", "preempts"),
-        [
-            (p.demand, p.node, _indices(p.gpus), ", ".join(p.preempts) or "-")
-            for p in plan.placements
-        ],
-    )
+    rows = [
+        (p.demand, p.node, _indices(p.gpus), ", ".join(p.preempts) or "-") for p in plan.placements
+    ]
+    if plan.reservations:  # which placements claim a reservation or borrow from one
+        lines += _table(
+            ("demand", "node", "gpus", "preempts", "reservation"),
+            [(*row, _reserved(p)) for row, p in zip(rows, plan.placements, strict=True)],
+        )
+    else:
+        lines += _table(("demand", "node", "gpus", "preempts"), rows)
     started = {vm.id: vm.started_at for vm in snapshot.vms}
     lines += ["", f"Preemptions ({len(plan.preemptions)})"]
     lines += _table(
@@ -293,11 +297,53 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
     if snapshot.quotas:
         lines += ["", "Quotas"]
         lines += _table(("tenant", "pool", "max", "before", "after"), _quota_rows(snapshot, plan))
+    if plan.reservations:
+        lines += ["", "Reservations"]
+        lines += _table(
+            ("id", "tenant", "gpus", "block", "held", "kept", "borrowed", "claim reclaims"),
+            [
+                (
+                    r.id,
+                    r.tenant,
+                    str(r.gpus),
+                    str(r.block_gpus),
+                    f"{r.held_before} → {r.held_after}",
+                    str(r.kept_gpus),
+                    ", ".join(r.borrowed) or "-",
+                    (", ".join(r.claim_reclaims) or "nothing")
+                    + (" (complete)" if r.claim_complete else " (incomplete)"),
+                )
+                for r in plan.reservations
+            ],
+        )
+        lines += _short_lines(snapshot, plan)
     lines += ["", f"Unsatisfied ({len(plan.unsatisfied)})"]
     lines += _table(
         ("demand", "group", "reason"), [(u.demand, u.group, u.reason) for u in plan.unsatisfied]
     )
     return "\n".join(lines) + "\n"
+
+
+def _short_lines(snapshot: Snapshot, plan: Plan) -> list[str]:
+    """Why a reservation is short: the set's ready shared GPUs do not cover what they ask."""
+    short = [r for r in plan.reservations if r.short_gpus]
+    if not short:
+        return []
+    room = ready_shared_gpus(snapshot.nodes)
+    asked = sum(r.gpus for r in plan.reservations)
+    return [""] + [
+        f"{r.id}: {_gpus(r.short_gpus)} short: the set has {room} ready GPUs not dedicated to a "
+        f"tenant, its reservations ask for {asked} (honoured in the order given, in whole blocks)"
+        for r in short
+    ]
+
+
+def _reserved(placement) -> str:
+    if placement.reservation is not None:
+        return f"claims {placement.reservation}"
+    if placement.borrowed is not None:
+        return f"borrows from {placement.borrowed}"
+    return "-"
 
 
 def _quota_rows(snapshot: Snapshot, plan: Plan) -> list[tuple[str, ...]]:

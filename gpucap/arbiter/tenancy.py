@@ -15,9 +15,10 @@ the tenant past the quota.
 from __future__ import annotations
 
 from gpucap.arbiter import explain
-from gpucap.arbiter.model import Demand, Node, Quota, Snapshot
+from gpucap.arbiter.model import Demand, Node, Quota, Reservation, Snapshot
+from gpucap.arbiter.topology import block_sizes
 
-__all__ = ["QuotaBook", "tenancy_problems"]
+__all__ = ["QuotaBook", "reservation_problems", "tenancy_problems"]
 
 Labelled = list[tuple[str, object]]
 
@@ -67,6 +68,50 @@ def tenancy_problems(
                 f"{label}: tenant {quota.tenant}'s {_scope_words(quota, None)} is given twice"
             )
         seen.add(key)
+    return problems
+
+
+def reservation_problems(*, reservations: Labelled, fabric: str) -> list[str]:
+    """Every problem with the reservations themselves: empty or repeated ids, a tenant's second
+    reservation, a block that is no partition size of the fabric, GPUs that are not a positive
+    multiple of the block. Reservations asking more than the set's ready shared GPUs are no
+    problem: a node going down must not stop the planning, so the plan honours them as far as
+    it can and reports each one's ``short_gpus`` (claims.py)."""
+    problems: list[str] = []
+    ids: set[str] = set()
+    tenants: dict[str, str] = {}
+    sizes = block_sizes(fabric)
+    for label, reservation in reservations:
+        assert isinstance(reservation, Reservation)
+        if not reservation.id:
+            problems.append(f"{label}: id must not be empty")
+        elif reservation.id in ids:
+            problems.append(f"{label}: id {reservation.id} is used by another reservation")
+        ids.add(reservation.id)
+        tenant = reservation.tenant
+        if not tenant:
+            problems.append(f"{label}: tenant must not be empty")
+        elif tenant in tenants:
+            problems.append(
+                f"{label}: tenant {tenant} already has reservation {tenants[tenant]}; a tenant "
+                f"has at most one reservation in a set"
+            )
+        else:
+            tenants[tenant] = reservation.id
+        block = reservation.block_gpus
+        if block not in sizes:
+            allowed = ", ".join(map(str, sizes))
+            problems.append(
+                f"{label}: block_gpus must be a partition size of this {fabric} set ({allowed}), "
+                f"got {block}"
+            )
+        if reservation.gpus < 1:
+            problems.append(f"{label}: gpus must be 1 or more, got {reservation.gpus}")
+            continue
+        if block in sizes and reservation.gpus % block:
+            problems.append(
+                f"{label}: gpus must be a multiple of block_gpus {block}, got {reservation.gpus}"
+            )
     return problems
 
 

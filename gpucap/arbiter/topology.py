@@ -32,6 +32,16 @@ def block_sizes(fabric: str) -> tuple[int, ...]:
     return BLOCK_SIZES[fabric]
 
 
+def ready_shared_gpus(nodes: Iterable[Node]) -> int:
+    """The working GPUs of the ready nodes not dedicated to a tenant: what reservations can be
+    honoured from (issue 19). A node going down, cordoned or losing a GPU lowers it."""
+    return sum(
+        node.gpus - len(node.failed_gpus)
+        for node in nodes
+        if node.state == "ready" and node.tenant is None
+    )
+
+
 def gpu_count_problem(fabric: str, gpu_count: int) -> str | None:
     """Why a VM or demand of ``gpu_count`` GPUs cannot exist in a set of this fabric, or None."""
     if gpu_count < 1:
