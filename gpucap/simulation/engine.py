@@ -35,10 +35,12 @@ time), as if the run began in steady state.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from gpucap.arbiter.model import Demand, Plan, Snapshot
+from gpucap.arbiter.planner import PlanMemo
 from gpucap.arbiter.planner import plan as arbiter_plan
 from gpucap.arbiter.protection import protected_vms
 from gpucap.schedules import calendar
@@ -178,6 +180,8 @@ class _Run:
         self.plans: list[PlanMade] = []
         self.plans_made = 0
         self.last_made: PlanMade | None = None
+        # Steps share most nodes and VMs: each plan reuses what the last derived from them.
+        self.memo = PlanMemo()
         self.wake: datetime | None = None
         self.arrival_debt = dict.fromkeys(profile.pools, 0.0)
         self.arrived = 0
@@ -331,7 +335,7 @@ class _Run:
     def _plan(self, index: int, now: datetime) -> int:
         """Plan the step's snapshot and act on it; returns the notices issued."""
         snapshot = self.fleet.snapshot(now, self.policy, self.specs)
-        made = arbiter_plan(snapshot)
+        made = _plan_quietly(snapshot, self.memo)
         self.plans_made += 1
         record = PlanMade(step=index, snapshot=snapshot, plan=made)
         self.last_made = record
@@ -454,6 +458,20 @@ class _Run:
                 planned=planned,
             )
         )
+
+
+def _plan_quietly(snapshot: Snapshot, memo: PlanMemo) -> Plan:
+    """The arbiter's plan, with the cyclic garbage collector paused while it is made, as the
+    CLI pauses it: a plan builds tens of thousands of short-lived objects (freed by reference
+    counting when it is made), and collections during it would promote them and, every few
+    steps, rescan the whole simulation's objects: about half of a day's run."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return arbiter_plan(snapshot, memo=memo)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _protection_ends(snapshot: Snapshot, made: Plan) -> list[datetime]:
