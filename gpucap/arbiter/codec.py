@@ -49,11 +49,15 @@ class SnapshotError(ValueError):
         self.problems = problems
 
 
-def load_snapshot(text: str | bytes) -> Snapshot:
+def load_snapshot(text: str | bytes, *, keep: list | None = None) -> Snapshot:
+    """The snapshot a JSON text holds. ``keep``: a list the parsed JSON is added to, for a
+    caller that would rather not free it yet (the CLI ends without freeing anything)."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SnapshotError([f"snapshot: not valid JSON: {error}"]) from None
+    if keep is not None:
+        keep.append(data)
     return snapshot_from_dict(data)
 
 

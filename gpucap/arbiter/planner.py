@@ -314,16 +314,17 @@ class _Vm:
         gpus = vm.gpus
         self.gpus = tuple(sorted(gpus))
         self.mask = mask
-        self.ngpus = len(gpus)
-        self.started = _microseconds(vm.started_at)
+        self.ngpus = ngpus = len(gpus)
+        self.started = (vm.started_at - _EPOCH) // _MICROSECOND  # _microseconds, inline
+
         self.tenant = vm.tenant
         self.group = vm.group
         # The other running members of its job, reclaimed with it (see `_with_mates`).
         self.mates: tuple[_Vm, ...] = ()
         # What preempting this VM alone takes (see _Reclaims).
-        self.take = ((pool, self.ngpus),)
-        if deployment is not None:
-            self.take += ((-1 - deployment, 1),)
+        self.take = (
+            ((pool, ngpus),) if deployment is None else ((pool, ngpus), (-1 - deployment, 1))
+        )
 
 
 class _Reclaims:
@@ -456,12 +457,17 @@ class _Reclaims:
                 self.blocked[category] += blocked[category] - old[category]
             self.node_blocked[node] = blocked
         version = self.planner.version[node]
+        heaps = self.heaps
+        if initial:  # heapified once every node is in (see __init__)
+            for take, key in cheapest.items():
+                heap = heaps.get(take)
+                if heap is None:
+                    heap = heaps[take] = []
+                heap.append((key, version))
+            return
         for take, key in cheapest.items():
-            heap = self.heaps.setdefault(take, [])
+            heap = heaps.setdefault(take, [])
             entry = (key, version)
-            if initial:
-                heap.append(entry)
-                continue
             heapq.heappush(heap, entry)
             if heap[0] is entry:
                 heapq.heappush(self.parked_tops if take in self.parked else self.tops, (key, take))
@@ -957,11 +963,12 @@ class _Planner:
             else:
                 self._serve(group, demands)
         self._prefer_disks()
-        # Each reclaims index points back at this planner: dropping them when the plan is made
-        # lets reference counting free the planner at once, instead of the cyclic collector
-        # (a simulation that plans every step would otherwise rescan them all, see
-        # simulation/engine.py).
-        self.reclaims.clear()
+        if self.memo is not None:
+            # Each reclaims index points back at this planner: a caller planning again (with a
+            # memo) has the planner freed by reference counting now, not left to the cyclic
+            # collector to find among everything it holds (simulation/engine.py). A one-shot
+            # plan keeps it: the CLI ends without freeing anything.
+            self.reclaims.clear()
         return self._result()
 
     def _serve_as_tenant(self, group: str, demands: list[Demand]) -> None:
