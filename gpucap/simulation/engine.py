@@ -22,9 +22,9 @@ Each step at time ``T`` (``start.now + k * step_seconds``), in this order:
    boundary, while demands wait: a protection window has ended); with nothing changed the
    same snapshot would give the same plan. Each plan reuses, through one `PlanMemo` for the
    run, what the last derived from the nodes and VMs the steps share (the same plans, faster).
-   A preemption is a notice: the VM keeps its GPUs
-   for ``notice_seconds``, then leaves. A placement starts at once on free GPUs; one that needs
-   GPUs still held (its victims') reserves the free rest of its partition and waits.
+   A preemption is a notice: the VM keeps its GPUs for ``notice_seconds``, then leaves. A
+   placement starts at once on free GPUs; one that needs GPUs still held (its victims')
+   reserves the free rest of its partition and waits.
 6. Each deployment's queue over ``[T, T + step)`` (`queue`), served by its replicas ready at
    ``T`` (a replica is ready ``startup_seconds`` after it starts; one under notice serves
    until its deadline), with the load of the profile at ``T``.
