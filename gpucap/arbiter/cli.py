@@ -19,14 +19,16 @@ BAD_INPUT = 2
 COMMANDS = ("plan", "explain")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, keep: list | None = None) -> int:
+    """Run the command; ``keep``, if given, holds what the run built (the parsed JSON, the
+    snapshot, the plan) for the caller to free, or, as ``__main__`` does, never to."""
     command, snapshot = _arguments(sys.argv[1:] if argv is None else argv)
     # One short run that builds hundreds of thousands of objects and leaves no cycles behind:
     # the cyclic collector would only rescan them, and its cost grows faster than the fleet.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run(command, snapshot)
+        return _run(command, snapshot, [] if keep is None else keep)
     finally:
         if collecting:
             gc.enable()
@@ -50,9 +52,9 @@ def _arguments(argv: list[str]) -> tuple[str, str]:
     return args.command, args.snapshot
 
 
-def _run(command: str, path: str) -> int:
+def _run(command: str, path: str, keep: list) -> int:
     try:
-        snapshot = load_snapshot(_read(path))
+        snapshot = load_snapshot(_read(path), keep=keep)
     except OSError as error:
         print(f"{path}: cannot read: {error.strerror or error}", file=sys.stderr)
         return BAD_INPUT
@@ -63,6 +65,7 @@ def _run(command: str, path: str) -> int:
     if snapshot.now is None:
         snapshot = dataclasses.replace(snapshot, now=datetime.now(UTC))
     result = plan(snapshot)
+    keep += (snapshot, result)
     if command == "plan":
         text = dump_plan(result)
     else:

@@ -52,11 +52,15 @@ class SnapshotError(ValueError):
         self.problems = problems
 
 
-def load_snapshot(text: str | bytes) -> Snapshot:
+def load_snapshot(text: str | bytes, *, keep: list | None = None) -> Snapshot:
+    """The snapshot a JSON text holds. ``keep``: a list the parsed JSON is added to, for a
+    caller that would rather not free it yet (the CLI ends without freeing anything)."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SnapshotError([f"snapshot: not valid JSON: {error}"]) from None
+    if keep is not None:
+        keep.append(data)
     return snapshot_from_dict(data)
 
 
@@ -101,8 +105,24 @@ def snapshot_from_dict(data: object) -> Snapshot:
         quotas=tuple(item for _, item in quotas),
         reservations=tuple(item for _, item in reservations),
     )
-    problems.extend(
-        check_snapshot(
+    found = check_snapshot(
+        snapshot,
+        nodes=nodes,
+        pools=pools,
+        deployments=deployments,
+        vms=vms,
+        demands=demands,
+        quotas=quotas,
+        unreadable=reader.unreadable,
+    )
+    if found and reader.unlabelled:
+        # Sections read in one pass carry no labels (on a large fleet, wording ten thousand
+        # labels costs more than checking the items): a problem found, check again with them.
+        nodes, vms, demands = (
+            reader.labelled(section, items)
+            for section, items in (("nodes", nodes), ("vms", vms), ("demands", demands))
+        )
+        found = check_snapshot(
             snapshot,
             nodes=nodes,
             pools=pools,
@@ -113,7 +133,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
             reservations=reservations,
             unreadable=reader.unreadable,
         )
-    )
+    problems.extend(found)
     if problems:
         raise SnapshotError(problems)
     return snapshot
@@ -329,7 +349,6 @@ _LIST = frozenset({list})
 
 
 def _quickly(
-    section: str,
     items: list,
     quick: Callable[[dict], object | None],
     required: frozenset[str],
@@ -337,10 +356,10 @@ def _quickly(
     name_field: str,
 ) -> list[tuple[str, object]] | None:
     """Every item of a section in one pass when each is well-formed and named (the usual
-    case), labelled as `item_label` labels them; None as soon as one is not."""
+    case), unlabelled (`_Reader.labelled` labels them); None as soon as one is not."""
     out: list[tuple[str, object]] = []
     append = out.append
-    for index, item in enumerate(items):
+    for item in items:
         if type(item) is not dict:
             return None
         keys = item.keys()
@@ -349,10 +368,9 @@ def _quickly(
         built = quick(item)
         if built is None:
             return None
-        name = item[name_field]
-        if not name:
+        if not item[name_field]:
             return None
-        append((f"{section}[{index}] ({name})", built))
+        append(("", built))
     return out
 
 
@@ -410,6 +428,19 @@ class _Reader:
         self.unreadable: dict[str, set[str]] = {}
         self._times: dict[str, datetime] = {}
         self._tables: dict[tuple, tuple] = {}
+        # Sections read in one pass, unlabelled: section -> the field that names an item.
+        self.unlabelled: dict[str, str] = {}
+
+    def labelled(self, section: str, items: list[tuple[str, object]]) -> list[tuple[str, object]]:
+        """A section's items with their labels, as `item_label` words them (items read in one
+        pass are named: `_quickly` takes no item without a name)."""
+        name_field = self.unlabelled.get(section)
+        if name_field is None:
+            return items
+        return [
+            (f"{section}[{index}] ({getattr(item, name_field)})", item)
+            for index, (_, item) in enumerate(items)
+        ]
 
     def section(
         self,
@@ -437,8 +468,9 @@ class _Reader:
         allowed = required_set | frozenset(optional_fields)
         name_field = required_fields[0]
         if quick is not None:
-            out = _quickly(section, items, quick, required_set, allowed, name_field)
+            out = _quickly(items, quick, required_set, allowed, name_field)
             if out is not None:
+                self.unlabelled[section] = name_field
                 return out
         out = []
         problems = self.problems

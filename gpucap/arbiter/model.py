@@ -88,7 +88,7 @@ placements and subtract its preemptions (``after_gpus``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, FrozenInstanceError, dataclass
 from datetime import datetime
 from operator import attrgetter
 
@@ -103,9 +103,10 @@ MAX_PROTECT_SECONDS = 7 * 24 * 3600
 
 
 class _Frozen:
-    """The ``__eq__``, ``__hash__`` and ``__repr__`` that ``@dataclass(frozen=True)`` would
-    generate for each class, written once for every class here: generating them costs an
-    ``exec()`` each, about 2 ms of every CLI run."""
+    """The ``__eq__``, ``__hash__``, ``__repr__``, frozen ``__setattr__`` and ``__delattr__``
+    and pickling that ``@dataclass(frozen=True, slots=True)`` would generate for each class,
+    written once for every class here: generating them costs an ``exec()`` each, about 5 ms of
+    every CLI run."""
 
     __slots__ = ()
     _values: attrgetter  # every field of the class, in order (set by `_frozen`)
@@ -122,14 +123,51 @@ class _Frozen:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"{self.__class__.__qualname__}({fields})"
 
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getstate__(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            object.__setattr__(self, name, value)
+
 
 def _frozen(cls: type) -> type:
     """``@dataclass(frozen=True, slots=True)``, with the methods of `_Frozen` (``cls`` must
-    derive from it): the same fields, ``__init__``, ``dataclasses.replace`` and behaviour.
-    (Each class has a docstring, which also spares ``dataclass`` an ``inspect.signature``.)"""
-    cls = dataclass(cls, frozen=True, repr=False, eq=False, slots=True)
+    derive from it) and the ``__init__`` of `_init_for`: the same fields, ``__init__``,
+    ``dataclasses.replace`` and behaviour. (Each class has a docstring, which also spares
+    ``dataclass`` an ``inspect.signature``.)"""
+    cls = dataclass(cls, init=False, repr=False, eq=False, slots=True)
     cls._values = attrgetter(*cls.__slots__)
+    cls.__init__ = _init_for(cls)
     return cls
+
+
+def _init_for(cls: type) -> object:
+    """The ``__init__`` a frozen dataclass gets (every field, in order, by position or name,
+    defaults at the end), in one ``exec()`` instead of dataclasses' three per class: it sets
+    each field through its slot, as frozen dataclasses do past their own ``__setattr__``.
+    (Fields here have plain defaults, no default factories.)"""
+    namespace: dict = {}
+    parameters, body = [], []
+    for name, field in cls.__dataclass_fields__.items():
+        namespace[f"_set_{name}"] = cls.__dict__[name].__set__
+        if field.default is MISSING:
+            parameters.append(name)
+        else:
+            namespace[f"_default_{name}"] = field.default
+            parameters.append(f"{name}=_default_{name}")
+        body.append(f"_set_{name}(self, {name})")
+    # Generated from the class's own fields, as dataclasses generates its __init__.
+    exec(f"def __init__(self, {', '.join(parameters)}):\n    {'; '.join(body)}", namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
 
 
 @_frozen

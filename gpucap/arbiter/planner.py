@@ -116,7 +116,7 @@ from gpucap.arbiter.search import GroupSearch
 from gpucap.arbiter.tenancy import QuotaBook
 from gpucap.arbiter.topology import FIT_SLOT, gpu_mask, partition_table
 
-__all__ = ["disruption_cost", "plan"]
+__all__ = ["PlanMemo", "disruption_cost", "plan"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ID = attrgetter("id")
@@ -141,15 +141,45 @@ _REGION_SEARCH_BUDGET = 1000
 # A large set's search region holds, per demand of the group, this many nodes with cheap
 # reclaims of the demand's size.
 _REGION_RECLAIMS_PER_DEMAND = 2
+# What `_Planner._index_node_tables` derives from the nodes alone (a `PlanMemo` keeps them).
+_NODE_INDEXES = (
+    "node_names",
+    "node_position",
+    "tables",
+    "ready",
+    "ready_nodes",
+    "node_tenant",
+    "dedicated",
+    "failed",
+)
 
 
-def plan(snapshot: Snapshot) -> Plan:
-    """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`."""
+class PlanMemo:
+    """What planning one snapshot derived that planning the next one of the same set can reuse
+    (a simulation plans a set at every step, and few of its nodes and VMs change between two):
+    pass the same memo to each `plan`. Only what the reused objects alone decide is kept, and
+    reused only for the very objects it came from (snapshots are frozen), so a plan with a
+    memo is the plan without one; the memo holds the last snapshot's nodes and VMs alive."""
+
+    __slots__ = ("nodes", "reclaims", "vms")
+
+    def __init__(self) -> None:
+        # (the snapshot's nodes tuple, its fabric, the node indexes `_Planner` derived).
+        self.nodes: tuple | None = None
+        # id(Vm) -> (the Vm, what else its `_Vm` was built from, the `_Vm`).
+        self.vms: dict[int, tuple[Vm, tuple, _Vm]] = {}
+        # (block size, tenant scope, node) -> (what the node's reclaims were found from, them).
+        self.reclaims: dict[tuple, tuple[tuple, tuple]] = {}
+
+
+def plan(snapshot: Snapshot, *, memo: PlanMemo | None = None) -> Plan:
+    """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`. ``memo``:
+    see `PlanMemo` (the plan is the same with or without one)."""
     if snapshot.reservations:  # planned in passes of this function (reservations.py)
         from gpucap.arbiter.claims import plan_reserved
 
         return plan_reserved(snapshot, plan)
-    planner = _Planner(snapshot)
+    planner = _Planner(snapshot, memo=memo)
     first = planner.run()
     result = improve.whole_plan(
         snapshot,
@@ -157,21 +187,23 @@ def plan(snapshot: Snapshot) -> Plan:
         order=planner.order,
         ready_nodes=len(planner.ready_nodes),
         states=sum(expanded for expanded, _ in planner.searches),
-        replan=lambda order, spared: _replan(snapshot, order, spared),
+        replan=lambda order, spared: _replan(snapshot, order, spared, memo),
     )
     # Waits that protection causes say until when (rule 3a, protection.py).
     return protection.explain_waits(
         snapshot,
         result,
-        lambda: _Planner(snapshot, protect=False).run(),
+        lambda: _Planner(snapshot, protect=False, memo=memo).run(),
         keep=frozenset(planner.over_quota),
     )
 
 
-def _replan(snapshot: Snapshot, order: list[str], spared: frozenset[str]) -> tuple[Plan, int]:
+def _replan(
+    snapshot: Snapshot, order: list[str], spared: frozenset[str], memo: PlanMemo | None
+) -> tuple[Plan, int]:
     """A plan with groups served in ``order`` and ``spared`` VMs kept, and the search states
     it expanded (`improve.whole_plan` counts its work with them)."""
-    planner = _Planner(snapshot, spared=spared)
+    planner = _Planner(snapshot, spared=spared, memo=memo)
     result = planner.run(order)
     return result, sum(expanded for expanded, _ in planner.searches)
 
@@ -286,16 +318,17 @@ class _Vm:
         gpus = vm.gpus
         self.gpus = tuple(sorted(gpus))
         self.mask = mask
-        self.ngpus = len(gpus)
-        self.started = _microseconds(vm.started_at)
+        self.ngpus = ngpus = len(gpus)
+        self.started = (vm.started_at - _EPOCH) // _MICROSECOND  # _microseconds, inline
+
         self.tenant = vm.tenant
         self.group = vm.group
         # The other running members of its job, reclaimed with it (see `_with_mates`).
         self.mates: tuple[_Vm, ...] = ()
         # What preempting this VM alone takes (see _Reclaims).
-        self.take = ((pool, self.ngpus),)
-        if deployment is not None:
-            self.take += ((-1 - deployment, 1),)
+        self.take = (
+            ((pool, ngpus),) if deployment is None else ((pool, ngpus), (-1 - deployment, 1))
+        )
 
 
 class _Reclaims:
@@ -348,6 +381,40 @@ class _Reclaims:
         busy = planner.busy[node]
         vms = planner.node_vms[node]
         jobs = node in planner.job_nodes
+        memo = planner.memo
+        if initial and memo is not None and not jobs:
+            # Everything the node's reclaims follow from (the blocker masks included; the VMs
+            # by identity, see `PlanMemo`): the same as when the memo's state was found, the
+            # same state. Jobs' members also depend on their mates elsewhere: never kept.
+            inputs = (
+                table,
+                busy,
+                fixed,
+                planner.failed[node],
+                planner.placed[node],
+                planner.notified[node],
+                planner.protected_gpus[node],
+                planner.pinned_gpus[node],
+                planner.foreign_gpus[node],
+                tuple(vms),
+            )
+            where = (self.size, self.tenant, node)
+            last = memo.reclaims.get(where)
+            if last is not None and last[0] == inputs:
+                self._publish(node, last[1], initial=True)
+                return
+            state = self._found(node, table, fixed, busy, vms, jobs)
+            memo.reclaims[where] = (inputs, state)
+            self._publish(node, state, initial=True)
+            return
+        self._publish(node, self._found(node, table, fixed, busy, vms, jobs), initial=initial)
+
+    def _found(
+        self, node: int, table: _Table, fixed: int, busy: int, vms: list[_Vm], jobs: bool
+    ) -> tuple:
+        """A node's reclaims of this size: (cheapest key per take, victims per block, blocked
+        partitions per explain category)."""
+        planner = self.planner
         blocked = [0] * explain.CATEGORIES
         victims_at: dict[int, list[_Vm]] = {}
         cheapest: dict[tuple, tuple] = {}
@@ -371,7 +438,7 @@ class _Reclaims:
             victims_at[block] = victims
             if take not in cheapest or key < cheapest[take]:
                 cheapest[take] = key
-        self._publish(node, (cheapest, victims_at, tuple(blocked)), initial=initial)
+        return cheapest, victims_at, tuple(blocked)
 
     def state(self, node: int) -> tuple:
         """What `index` last found on the node, for `restore`."""
@@ -394,12 +461,17 @@ class _Reclaims:
                 self.blocked[category] += blocked[category] - old[category]
             self.node_blocked[node] = blocked
         version = self.planner.version[node]
+        heaps = self.heaps
+        if initial:  # heapified once every node is in (see __init__)
+            for take, key in cheapest.items():
+                heap = heaps.get(take)
+                if heap is None:
+                    heap = heaps[take] = []
+                heap.append((key, version))
+            return
         for take, key in cheapest.items():
-            heap = self.heaps.setdefault(take, [])
+            heap = heaps.setdefault(take, [])
             entry = (key, version)
-            if initial:
-                heap.append(entry)
-                continue
             heapq.heappush(heap, entry)
             if heap[0] is entry:
                 heapq.heappush(self.parked_tops if take in self.parked else self.tops, (key, take))
@@ -587,7 +659,12 @@ def _reclaim_key(victims: list[_Vm], node: int, block: int) -> tuple[tuple, tupl
 
 class _Planner:
     def __init__(
-        self, snapshot: Snapshot, *, protect: bool = True, spared: frozenset[str] = frozenset()
+        self,
+        snapshot: Snapshot,
+        *,
+        protect: bool = True,
+        spared: frozenset[str] = frozenset(),
+        memo: PlanMemo | None = None,
     ) -> None:
         """``spared``: ids of running VMs this plan must not preempt (`improve.whole_plan`
         asks how a plan looks without some victims); their GPUs stay busy, like on-demand."""
@@ -605,9 +682,11 @@ class _Planner:
                 for vm, end in self.protected.items()
                 if best is not None and rank[pools[vm]] > best
             }
+        self.memo = memo
         self._index_pools(snapshot)
-        self._index_nodes(snapshot)
-        self._index_vms(snapshot, spared)
+        self._index_nodes(snapshot, memo)
+        # What-ifs (no protection, spared VMs) read the memo; the plan itself keeps its VMs.
+        self._index_vms(snapshot, spared, memo, keep=protect and not spared)
         self.demands = snapshot.demands
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -640,7 +719,32 @@ class _Planner:
         self.replicas = [0] * len(deployments)
         self.min_replicas = [d.min_replicas for d in deployments]
 
-    def _index_nodes(self, snapshot: Snapshot) -> None:
+    def _index_nodes(self, snapshot: Snapshot, memo: PlanMemo | None) -> None:
+        seen = memo.nodes if memo is not None else None
+        if seen is not None and seen[0] is snapshot.nodes and seen[1] == self.fabric:
+            # The same frozen nodes: the same indexes (none is changed by planning; the
+            # tables' own caches of best fits hold for any plan).
+            for name, value in seen[2].items():
+                setattr(self, name, value)
+        else:
+            self._index_node_tables(snapshot)
+            if memo is not None:
+                derived = {name: getattr(self, name) for name in _NODE_INDEXES}
+                memo.nodes = (snapshot.nodes, self.fabric, derived)
+        count = len(self.node_names)
+        self.version = [0] * count
+        self.placed = [0] * count
+        self.busy = list(self.failed)
+        # GPUs no reclaim can free: failed, on-demand, under notice, or placed by this plan.
+        self.fixed = list(self.failed)
+        self.notified = [0] * count
+        self.protected_gpus = [0] * count
+        self.pinned_gpus = [0] * count  # members of jobs that cannot be reclaimed whole
+        self.foreign_gpus = [0] * count  # other tenants' VMs on a dedicated node
+        self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
+
+    def _index_node_tables(self, snapshot: Snapshot) -> None:
+        """What the nodes alone decide (`_NODE_INDEXES`)."""
         nodes = sorted(snapshot.nodes, key=lambda node: node.name)
         self.node_names = [node.name for node in nodes]
         self.node_position = {node.name: index for index, node in enumerate(nodes)}
@@ -658,19 +762,10 @@ class _Planner:
             if table is None:
                 table = tables[blocks] = _Table(blocks)
             self.tables.append(table)
-        count = len(nodes)
-        self.version = [0] * count
-        self.placed = [0] * count
-        self.busy = list(self.failed)
-        # GPUs no reclaim can free: failed, on-demand, under notice, or placed by this plan.
-        self.fixed = list(self.failed)
-        self.notified = [0] * count
-        self.protected_gpus = [0] * count
-        self.pinned_gpus = [0] * count  # members of jobs that cannot be reclaimed whole
-        self.foreign_gpus = [0] * count  # other tenants' VMs on a dedicated node
-        self.node_vms: list[list[_Vm]] = [[] for _ in range(count)]
 
-    def _index_vms(self, snapshot: Snapshot, spared: frozenset[str]) -> None:
+    def _index_vms(
+        self, snapshot: Snapshot, spared: frozenset[str], memo: PlanMemo | None, *, keep: bool
+    ) -> None:
         pool_index, node_position = self.pool_index, self.node_position
         busy, fixed, held, node_vms = self.busy, self.fixed, self.held, self.node_vms
         ranks = [pool.rank for pool in self.pools]
@@ -678,6 +773,8 @@ class _Planner:
         protected = self.protected
         node_tenant = self.node_tenant
         masks: dict[tuple[int, ...], int] = {}  # fleets repeat a few GPU sets many times
+        reused = memo.vms if memo is not None else {}
+        kept: dict[int, tuple[Vm, tuple, _Vm]] = {}
         for vm in snapshot.vms:
             pool = pool_index[vm.pool]
             node = node_position[vm.node]
@@ -706,7 +803,21 @@ class _Planner:
                 fixed[node] |= mask  # another tenant's VM on a dedicated node: left alone
                 self.foreign_gpus[node] |= mask
                 continue
-            node_vms[node].append(_Vm(vm, pool, ranks[pool], deployment, node, mask))
+            if memo is None or vm.group is not None:
+                node_vms[node].append(_Vm(vm, pool, ranks[pool], deployment, node, mask))
+                continue
+            # A VM of no job is never changed once built (`_index_jobs` sets only members'
+            # mates): the last plan's is reused when built from the same VM, indexes and rank.
+            built = (pool, ranks[pool], deployment, node, mask)
+            last = reused.get(id(vm))
+            if last is not None and last[0] is vm and last[1] == built:
+                item = last[2]
+            else:
+                item = _Vm(vm, *built)
+            kept[id(vm)] = (vm, built, item)
+            node_vms[node].append(item)
+        if memo is not None and keep:
+            memo.vms = kept
         self._index_jobs(snapshot)
         self.held_before = list(self.held)
         self.busy_before = list(self.busy)
@@ -856,6 +967,12 @@ class _Planner:
             else:
                 self._serve(group, demands)
         self._prefer_disks()
+        if self.memo is not None:
+            # Each reclaims index points back at this planner: a caller planning again (with a
+            # memo) has the planner freed by reference counting now, not left to the cyclic
+            # collector to find among everything it holds (simulation/engine.py). A one-shot
+            # plan keeps it: the CLI ends without freeing anything.
+            self.reclaims.clear()
         return self._result()
 
     def _serve_as_tenant(self, group: str, demands: list[Demand]) -> None:

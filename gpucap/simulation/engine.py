@@ -20,9 +20,11 @@ Each step at time ``T`` (``start.now + k * step_seconds``), in this order:
 4. VM arrivals of the pools' curves become demands (fractions carry over to the next step).
 5. The arbiter plans, if anything changed since its last plan (a demand, a VM gone, a policy
    boundary, while demands wait: a protection window has ended); with nothing changed the
-   same snapshot would give the same plan. A preemption is a notice: the VM keeps its GPUs
-   for ``notice_seconds``, then leaves. A placement starts at once on free GPUs; one that needs
-   GPUs still held (its victims') reserves the free rest of its partition and waits.
+   same snapshot would give the same plan. Each plan reuses, through one `PlanMemo` for the
+   run, what the last derived from the nodes and VMs the steps share (the same plans, faster).
+   A preemption is a notice: the VM keeps its GPUs for ``notice_seconds``, then leaves. A
+   placement starts at once on free GPUs; one that needs GPUs still held (its victims')
+   reserves the free rest of its partition and waits.
 6. Each deployment's queue over ``[T, T + step)`` (`queue`), served by its replicas ready at
    ``T`` (a replica is ready ``startup_seconds`` after it starts; one under notice serves
    until its deadline), with the load of the profile at ``T``.
@@ -35,10 +37,12 @@ time), as if the run began in steady state.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from gpucap.arbiter.model import Demand, Plan, Snapshot
+from gpucap.arbiter.planner import PlanMemo
 from gpucap.arbiter.planner import plan as arbiter_plan
 from gpucap.arbiter.protection import protected_vms
 from gpucap.schedules import calendar
@@ -178,6 +182,8 @@ class _Run:
         self.plans: list[PlanMade] = []
         self.plans_made = 0
         self.last_made: PlanMade | None = None
+        # Steps share most nodes and VMs: each plan reuses what the last derived from them.
+        self.memo = PlanMemo()
         self.wake: datetime | None = None
         self.arrival_debt = dict.fromkeys(profile.pools, 0.0)
         self.arrived = 0
@@ -331,7 +337,7 @@ class _Run:
     def _plan(self, index: int, now: datetime) -> int:
         """Plan the step's snapshot and act on it; returns the notices issued."""
         snapshot = self.fleet.snapshot(now, self.policy, self.specs)
-        made = arbiter_plan(snapshot)
+        made = _plan_quietly(snapshot, self.memo)
         self.plans_made += 1
         record = PlanMade(step=index, snapshot=snapshot, plan=made)
         self.last_made = record
@@ -454,6 +460,20 @@ class _Run:
                 planned=planned,
             )
         )
+
+
+def _plan_quietly(snapshot: Snapshot, memo: PlanMemo) -> Plan:
+    """The arbiter's plan, with the cyclic garbage collector paused while it is made, as the
+    CLI pauses it: a plan builds tens of thousands of short-lived objects (freed by reference
+    counting when it is made), and collections during it would promote them and, every few
+    steps, rescan the whole simulation's objects: about half of a day's run."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return arbiter_plan(snapshot, memo=memo)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _protection_ends(snapshot: Snapshot, made: Plan) -> list[datetime]:

@@ -197,3 +197,20 @@ def test_a_bad_stretch_is_one_worst_moment_and_separate_stretches_are_several():
     moments = worst.moments()
 
     assert [(m.step, m.value) for m in moments] == [(14, 3.0), (600, 1.5)]
+
+
+@pytest.mark.parametrize("protect_seconds", [0, 3600])
+def test_each_step_plans_as_the_arbiter_would_afresh_though_steps_share_a_memo(protect_seconds):
+    """The run carries the arbiter's memo (gpucap.arbiter.planner.PlanMemo) from step to step;
+    every plan it made is the plan of that step's snapshot made from nothing."""
+    job = {"spot-3": "job-7", "spot-4": "job-7"}
+    start = full_set(protect_seconds=protect_seconds)
+    start = replace(start, vms=tuple(replace(vm, group=job.get(vm.id)) for vm in start.vms))
+    arrivals = VmArrivals(Curve(((0.0, 20.0),)), gpus_per_vm=4, duration_seconds=1200)
+    load = chat_load((0, 4), (10, 12), (60, 4), (90, 8))
+    profile = Profile(deployments=load.deployments, pools={"spot": arrivals, "rent": arrivals})
+    result = run(start=start, profile=profile, plan_every_step=True, notice_seconds=60)
+    assert len(result.plans) == result.plans_made > 100
+    assert sum(len(made.plan.preemptions) for made in result.plans) > 0
+    for made in result.plans:
+        assert plan(made.snapshot) == made.plan, f"step {made.step}"
