@@ -113,6 +113,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
         vms=vms,
         demands=demands,
         quotas=quotas,
+        reservations=reservations,
         unreadable=reader.unreadable,
     )
     if found and reader.unlabelled:
