@@ -9,7 +9,7 @@
 - ``POST /api/reservations/`` (operators) with ``dry_run`` (default true) answers the preview
   (200: who would borrow and get notices when the tenant claims, nothing changed) or creates
   it (201). ``PATCH``/``DELETE /api/reservations/{id}/`` change or remove one.
-- ``GET /api/capacity-sets/{id}/reservations/``: one set's, for its page.
+- ``GET /api/capacity-sets/{id}/reservations/`` (operators): one set's, for its page.
 
 It lives with the plans because the preview needs the set's snapshot and the arbiter.
 Bad input is a 400 naming the field (the services' words) and changes nothing.
@@ -27,7 +27,7 @@ from gpucap.allocation import services as allocation
 from gpucap.allocation.models import Reservation
 from gpucap.api.base import InputSerializer, ServiceWrites
 from gpucap.api.filters import MAX_ID, FilterSet, IdFilter
-from gpucap.api.permissions import IsOperatorOrReadOnly
+from gpucap.api.permissions import IsOperator, IsOperatorOrReadOnly
 from gpucap.api.schema import AutoSchema
 from gpucap.fleet.models import CapacitySet
 from gpucap.plans import reservations
@@ -273,11 +273,11 @@ class ReservationViewSet(ServiceWrites, viewsets.ModelViewSet):
 
 
 class CapacitySetReservationsView(APIView):
-    """``GET /api/capacity-sets/{id}/reservations/``: the set's reservations (a tenant member:
-    its own tenants' there)."""
+    """``GET /api/capacity-sets/{id}/reservations/``: the set's reservations, for the set's
+    page (operators, as the set's other routes; a tenant member reads /api/reservations/)."""
 
     schema = AutoSchema()
-    permission_classes = [IsOperatorOrReadOnly]
+    permission_classes = [IsOperator]
 
     @extend_schema(responses=ReservationSerializer(many=True))
     def get(self, request, id: int):
@@ -285,8 +285,6 @@ class CapacitySetReservationsView(APIView):
         rows = Reservation.objects.filter(capacity_set=capacity_set).select_related(
             "tenant", "capacity_set"
         )
-        if not is_operator(request.user):
-            rows = rows.filter(tenant_id__in=tenant_ids_for(request.user))
         rows = list(rows.order_by("name"))
         context = {"request": request, "facts": reservations.reservation_facts(rows)}
         return Response(ReservationSerializer(rows, many=True, context=context).data)
