@@ -145,16 +145,12 @@ def reservation_check(
     reservations (``instead_of``: the one it replaces); a `ValidationError` by field when
     something is wrong. Changes nothing: the preview calls it too."""
     problems: dict[str, str] = {}
-    for key in data:
-        if key not in FIELDS:
-            problems[key] = "is not a field of a reservation"
-    name = data.get("name")
-    if problem := spec.name_problem(name):
-        problems["name"] = problem
-    gpus, block = _sizes(capacity_set, data.get("gpus"), data.get("block_gpus"), problems)
-    window = _window(data, problems)
+    window = read_reservation(
+        data, problems, fabric=capacity_set.fabric, set_name=capacity_set.name
+    )
     if problems:
         raise ValidationError(problems)
+    name, gpus, block = data["name"], data["gpus"], data["block_gpus"]
     others = list(
         Reservation.objects.filter(capacity_set=capacity_set)
         .exclude(pk=getattr(instead_of, "pk", None))
@@ -180,6 +176,21 @@ def reservation_check(
     return proposal
 
 
+def read_reservation(
+    data: Mapping, problems: dict[str, str], *, fabric: str | None = None, set_name: str = ""
+) -> calendar.Window | None:
+    """Read a reservation's fields as written (the API's, the fleet file's), adding what is
+    wrong by field to ``problems``; its window (None: always). ``fabric``: the set's, when
+    known, whose partition sizes the blocks must be."""
+    for key in data:
+        if key not in FIELDS:
+            problems[str(key)] = "is not a field of a reservation"
+    if problem := spec.name_problem(data.get("name")):
+        problems["name"] = problem
+    _sizes(fabric, set_name, data.get("gpus"), data.get("block_gpus"), problems)
+    return _window(data, problems)
+
+
 def written(row: Reservation) -> dict:
     """The reservation's fields as they are written (the API's, the fleet file's)."""
     fields = {"name": row.name, "gpus": row.gpus, "block_gpus": row.block_gpus}
@@ -202,14 +213,14 @@ def describe_when(window: calendar.Window | None) -> str:
 # --- checks ------------------------------------------------------------------------------------
 
 
-def _sizes(capacity_set, gpus, block, problems: dict[str, str]) -> tuple[int, int]:
-    allowed = block_sizes(capacity_set.fabric)
+def _sizes(fabric: str | None, set_name: str, gpus, block, problems: dict[str, str]) -> None:
+    allowed = block_sizes(fabric) if fabric else Reservation.BLOCK_SIZES
     if not isinstance(block, int) or isinstance(block, bool) or block not in (1, 2, 4, 8):
         problems["block_gpus"] = f"must be 1, 2, 4 or 8 GPUs (an NVLink partition), got {block!r}"
     elif block not in allowed:
         problems["block_gpus"] = (
-            f"blocks of {block} GPUs cannot be kept in capacity set {capacity_set.name}: its "
-            f"{capacity_set.fabric} fabric allocates partitions of "
+            f"blocks of {block} GPUs cannot be kept in capacity set {set_name}: its "
+            f"{fabric} fabric allocates partitions of "
             f"{', '.join(map(str, allowed))} GPU{'s' * (allowed != (1,))}"
         )
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
@@ -218,7 +229,6 @@ def _sizes(capacity_set, gpus, block, problems: dict[str, str]) -> tuple[int, in
         problems["gpus"] = (
             f"must be whole blocks of {block} GPUs: {gpus} is not a multiple of {block}"
         )
-    return gpus, block
 
 
 def _window(data: Mapping, problems: dict[str, str]) -> calendar.Window | None:
