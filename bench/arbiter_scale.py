@@ -24,7 +24,8 @@ faster than 1.25 x linearly from 500 to 8,000 nodes; issue 17 (build 6), at 2,00
 ``--sizes`` measures other node counts (e.g. ``--sizes 2000`` while iterating).
 ``--tenancy`` plans the same sets with tenant allocation (issue 19, `with_tenancy`): a tenth
 of the nodes dedicated to five tenants, every demand group of one of 50 tenants, and quotas for
-20 of them; the default run measures the common case without any.
+20 of them; ``--tenancy --reservations`` adds reservations (`with_reservations`), planned in
+passes (a few plans of the set each); the default run measures the common case without any.
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ def main() -> int:
     parser.add_argument(
         "--tenancy", action="store_true", help="with dedicated nodes, demand tenants and quotas"
     )
+    parser.add_argument(
+        "--reservations",
+        action="store_true",
+        help="with --tenancy, also reservations for five tenants and VMs borrowing from them",
+    )
     args = parser.parse_args()
     sizes = sorted(int(size) for size in args.sizes.split(","))
     compile_bytecode()
@@ -114,6 +120,8 @@ def main() -> int:
             snapshot = generate(nodes, random.Random(SEED + nodes))
             if args.tenancy:
                 with_tenancy(snapshot, random.Random(SEED - nodes))
+                if args.reservations:
+                    with_reservations(snapshot, random.Random(SEED - 2 * nodes))
             path = Path(folder) / f"set-{nodes}.json"
             path.write_text(json.dumps(snapshot))
             times, floors, plan = run_planner(path)
@@ -347,6 +355,26 @@ def with_tenancy(snapshot: dict, rng: random.Random) -> None:
         for index in range(20)
         for pool in ("spot", None)
     ]
+
+
+def with_reservations(snapshot: dict, rng: random.Random) -> None:
+    """Reservations (issue 19) on a set with tenancy: tenant-20 .. tenant-24 (without quotas)
+    are promised about 4 % of the set each, in blocks of 8, and a twentieth of the other
+    tenants' spot VMs borrow from one of them."""
+    shared = sum(
+        node["gpus"]
+        for node in snapshot["nodes"]
+        if node["state"] == "ready" and node.get("tenant") is None
+    )
+    size = max(8, shared // 25 // 8 * 8)
+    owners = [f"tenant-{index:02d}" for index in range(20, 25)]
+    snapshot["reservations"] = [
+        {"id": f"res-{tenant}", "tenant": tenant, "gpus": size, "block_gpus": 8}
+        for tenant in owners
+    ]
+    for vm in snapshot["vms"]:
+        if vm["pool"] == "spot" and vm["tenant"] not in owners and rng.random() < 0.05:
+            vm["borrowed"] = f"res-{rng.choice(owners)}"
 
 
 def _pick(rng: random.Random, weighted: tuple[tuple[int, float], ...]) -> int:

@@ -20,9 +20,12 @@ from gpucap.arbiter.model import (
     Demand,
     Deployment,
     Node,
+    Placement,
     Plan,
     Pool,
     Quota,
+    Reservation,
+    ReservationReport,
     Snapshot,
     Unsatisfied,
     Vm,
@@ -82,6 +85,9 @@ def snapshot_from_dict(data: object) -> Snapshot:
         data, "demands", _DEMAND_FIELDS, reader.demand, required=True, quick=reader.demand_quickly
     )
     quotas = reader.section(data, "quotas", _QUOTA_FIELDS, reader.quota, required=False)
+    reservations = reader.section(
+        data, "reservations", _RESERVATION_FIELDS, reader.reservation, required=False
+    )
     if capacity_set is None:
         raise SnapshotError(problems)
     snapshot = Snapshot(
@@ -93,6 +99,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
         deployments=tuple(item for _, item in deployments),
         now=now,
         quotas=tuple(item for _, item in quotas),
+        reservations=tuple(item for _, item in reservations),
     )
     problems.extend(
         check_snapshot(
@@ -103,6 +110,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
             vms=vms,
             demands=demands,
             quotas=quotas,
+            reservations=reservations,
             unreadable=reader.unreadable,
         )
     )
@@ -134,6 +142,11 @@ def snapshot_to_dict(snapshot: Snapshot) -> dict:
     if snapshot.quotas:
         data["quotas"] = [
             {"tenant": q.tenant, "pool": q.pool, "max_gpus": q.max_gpus} for q in snapshot.quotas
+        ]
+    if snapshot.reservations:
+        data["reservations"] = [
+            {"id": r.id, "tenant": r.tenant, "gpus": r.gpus, "block_gpus": r.block_gpus}
+            for r in snapshot.reservations
         ]
     return data
 
@@ -168,12 +181,9 @@ def plan_to_dict(plan: Plan) -> dict:
         if p.tenant is not None:
             entry["tenant"] = p.tenant
         preemptions.append(entry)
-    return {
+    data = {
         "complete": plan.complete,
-        "placements": [
-            {"demand": p.demand, "node": p.node, "gpus": list(p.gpus), "preempts": list(p.preempts)}
-            for p in plan.placements
-        ],
+        "placements": [_placement_to_dict(p) for p in plan.placements],
         "preemptions": preemptions,
         "unsatisfied": [_unsatisfied_to_dict(u) for u in plan.unsatisfied],
         "pools": [
@@ -185,6 +195,38 @@ def plan_to_dict(plan: Plan) -> dict:
             }
             for b in plan.pools
         ],
+    }
+    if plan.reservations:
+        data["reservations"] = [_reservation_report_to_dict(r) for r in plan.reservations]
+    return data
+
+
+def _placement_to_dict(placement: Placement) -> dict:
+    data = {
+        "demand": placement.demand,
+        "node": placement.node,
+        "gpus": list(placement.gpus),
+        "preempts": list(placement.preempts),
+    }
+    if placement.reservation is not None:
+        data["reservation"] = placement.reservation
+    if placement.borrowed is not None:
+        data["borrowed"] = placement.borrowed
+    return data
+
+
+def _reservation_report_to_dict(report: ReservationReport) -> dict:
+    return {
+        "id": report.id,
+        "tenant": report.tenant,
+        "gpus": report.gpus,
+        "block_gpus": report.block_gpus,
+        "held_before": report.held_before,
+        "held_after": report.held_after,
+        "kept_gpus": report.kept_gpus,
+        "borrowed": list(report.borrowed),
+        "claim_reclaims": list(report.claim_reclaims),
+        "claim_complete": report.claim_complete,
     }
 
 
@@ -259,21 +301,26 @@ def _vm_to_dict(vm: Vm) -> dict:
         data["tenant"] = vm.tenant
     if vm.group is not None:
         data["group"] = vm.group
+    if vm.borrowed is not None:
+        data["borrowed"] = vm.borrowed
     return data
 
 
 # Fields of each item: (required, optional). The first required field names the item.
-_TOP_FIELDS = frozenset({"set", "now", "nodes", "pools", "deployments", "vms", "demands", "quotas"})
+_TOP_FIELDS = frozenset(
+    {"set", "now", "nodes", "pools", "deployments", "vms", "demands", "quotas", "reservations"}
+)
 _SET_FIELDS = (("name", "fabric", "gpu_model"), ())
 _NODE_FIELDS = (("name", "gpus", "state"), ("failed_gpus", "partitions", "tenant"))
 _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ("protect_seconds",))
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
 _VM_FIELDS = (
     ("id", "pool", "node", "gpus", "started_at"),
-    ("deployment", "state", "tenant", "group"),
+    ("deployment", "state", "tenant", "group", "borrowed"),
 )
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node", "tenant"))
 _QUOTA_FIELDS = (("tenant", "max_gpus"), ("pool",))
+_RESERVATION_FIELDS = (("id", "tenant", "gpus"), ("block_gpus",))
 
 
 _INT = frozenset({int})
@@ -567,6 +614,7 @@ class _Reader:
             and (deployment is None or type(deployment) is str)
             and (tenant is None or type(tenant) is str)
             and "group" not in item  # a job member: read by _vm_slowly
+            and "borrowed" not in item  # a borrower: read by _vm_slowly
             and type(state) is str
         ):
             moment = self._times.get(started) or self._parse_time(started)
@@ -586,6 +634,7 @@ class _Reader:
         state = self.text(item, label, "state", optional=True) or "running"
         tenant = self.text(item, label, "tenant", optional=True)
         group = self.text(item, label, "group", optional=True)
+        borrowed = self.text(item, label, "borrowed", optional=True)
         if None in (vm_id, pool, node, gpus, started_at):
             return None
         return Vm(
@@ -598,6 +647,7 @@ class _Reader:
             state=state,
             tenant=tenant,
             group=group,
+            borrowed=borrowed,
         )
 
     def demand(self, item: dict, label: str) -> Demand | None:
@@ -663,6 +713,15 @@ class _Reader:
         if None in (tenant, max_gpus):
             return None
         return Quota(tenant=tenant, pool=pool, max_gpus=max_gpus)
+
+    def reservation(self, item: dict, label: str) -> Reservation | None:
+        reservation_id = self.text(item, label, "id")
+        tenant = self.text(item, label, "tenant")
+        gpus = self.integer(item, label, "gpus")
+        block_gpus = self.integer(item, label, "block_gpus") if "block_gpus" in item else 1
+        if None in (reservation_id, tenant, gpus, block_gpus):
+            return None
+        return Reservation(id=reservation_id, tenant=tenant, gpus=gpus, block_gpus=block_gpus)
 
     def text(self, item: dict, label: str, key: str, *, optional: bool = False) -> str | None:
         value = item.get(key)

@@ -249,13 +249,16 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
         "",
         f"Placements ({len(plan.placements)})",
     ]
-    lines += _table(
-        ("demand", "node", "gpus", "preempts"),
-        [
-            (p.demand, p.node, _indices(p.gpus), ", ".join(p.preempts) or "-")
-            for p in plan.placements
-        ],
-    )
+    rows = [
+        (p.demand, p.node, _indices(p.gpus), ", ".join(p.preempts) or "-") for p in plan.placements
+    ]
+    if plan.reservations:  # which placements claim a reservation or borrow from one
+        lines += _table(
+            ("demand", "node", "gpus", "preempts", "reservation"),
+            [(*row, _reserved(p)) for row, p in zip(rows, plan.placements, strict=True)],
+        )
+    else:
+        lines += _table(("demand", "node", "gpus", "preempts"), rows)
     started = {vm.id: vm.started_at for vm in snapshot.vms}
     lines += ["", f"Preemptions ({len(plan.preemptions)})"]
     lines += _table(
@@ -293,11 +296,38 @@ def render_plan(snapshot: Snapshot, plan: Plan) -> str:
     if snapshot.quotas:
         lines += ["", "Quotas"]
         lines += _table(("tenant", "pool", "max", "before", "after"), _quota_rows(snapshot, plan))
+    if plan.reservations:
+        lines += ["", "Reservations"]
+        lines += _table(
+            ("id", "tenant", "gpus", "block", "held", "kept", "borrowed", "claim reclaims"),
+            [
+                (
+                    r.id,
+                    r.tenant,
+                    str(r.gpus),
+                    str(r.block_gpus),
+                    f"{r.held_before} → {r.held_after}",
+                    str(r.kept_gpus),
+                    ", ".join(r.borrowed) or "-",
+                    (", ".join(r.claim_reclaims) or "nothing")
+                    + (" (complete)" if r.claim_complete else " (incomplete)"),
+                )
+                for r in plan.reservations
+            ],
+        )
     lines += ["", f"Unsatisfied ({len(plan.unsatisfied)})"]
     lines += _table(
         ("demand", "group", "reason"), [(u.demand, u.group, u.reason) for u in plan.unsatisfied]
     )
     return "\n".join(lines) + "\n"
+
+
+def _reserved(placement) -> str:
+    if placement.reservation is not None:
+        return f"claims {placement.reservation}"
+    if placement.borrowed is not None:
+        return f"borrows from {placement.borrowed}"
+    return "-"
 
 
 def _quota_rows(snapshot: Snapshot, plan: Plan) -> list[tuple[str, ...]]:

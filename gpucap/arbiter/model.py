@@ -54,6 +54,28 @@ file is read unchanged):
   group whose placement would take its tenant past any quota is unsatisfied whole, with a
   reason naming the quota, what the tenant holds and by which VMs, and what the group asks.
   Quotas never preempt anything, and a quota below current use only blocks new placements.
+- top level ``"reservations"``: a list of ``{"id": str, "tenant": str, "gpus": int,
+  "block_gpus": int}`` (``block_gpus`` 1, 2, 4 or 8, default 1, a partition size of the set's
+  fabric), the reservations in force at ``now`` (the Django layer resolves calendar windows).
+  ``gpus`` is a positive multiple of ``block_gpus``; ids are unique; a tenant has at most one;
+  together they fit the GPUs of the set's ready nodes that are not dedicated.
+- VM ``"borrowed"``: the id of a reservation whose kept capacity the VM (a spot VM of another
+  tenant) borrows. An id no reservation has (the reservation ended) means not borrowing.
+
+The rules of reservations (reservations.py, docs/arbiter.md "Reservations"):
+
+1. The tenant of a reservation of N GPUs holds H: the GPUs of its running VMs in the set. Its
+   unused part is U = max(0, N - H); while U > 0, ceil((U - L) / block_gpus) free partitions
+   of block_gpus GPUs on shared ready nodes are kept for it, L being the GPUs its borrowers
+   still hold (that part is lent); a block only partly needed is kept whole.
+2. Claims: the tenant's demand groups, in the order of service, that fit in U (first fit) are
+   served first, as a claim: they may take the kept capacity and reclaim the VMs borrowing from
+   their reservation before anything else, whatever the borrowers' rank, floor or protection;
+   beyond that the usual rules hold. A group that does not fit in U is an ordinary demand.
+3. Kept capacity is a floor only the tenant may use: no other demand takes it, except groups
+   of spot pools of other tenants that nothing else can serve, which borrow it (their
+   placement says ``borrowed``) and are the first victims of the tenant's claims.
+4. A snapshot without reservations is planned exactly as before.
 
 Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
 placements and subtract its preemptions (``after_gpus``).
@@ -161,6 +183,8 @@ class Vm(_Frozen):
     state: str = "running"
     tenant: str | None = None
     group: str | None = None
+    # The reservation whose kept capacity the VM borrows (an unknown id: not borrowing).
+    borrowed: str | None = None
 
 
 @_frozen
@@ -186,6 +210,16 @@ class Quota(_Frozen):
 
 
 @_frozen
+class Reservation(_Frozen):
+    """GPUs promised to a tenant in the set, in force at the snapshot's ``now``."""
+
+    id: str
+    tenant: str
+    gpus: int
+    block_gpus: int = 1
+
+
+@_frozen
 class Snapshot(_Frozen):
     """Everything one plan is made from."""
 
@@ -197,6 +231,7 @@ class Snapshot(_Frozen):
     deployments: tuple[Deployment, ...] = ()
     now: datetime | None = None
     quotas: tuple[Quota, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
 
 
 @_frozen
@@ -207,6 +242,9 @@ class Placement(_Frozen):
     node: str
     gpus: tuple[int, ...]
     preempts: tuple[str, ...] = ()
+    # The reservation it claims for its tenant, or whose kept capacity it borrows.
+    reservation: str | None = None
+    borrowed: str | None = None
 
 
 @_frozen
@@ -245,6 +283,28 @@ class PoolBalance(_Frozen):
 
 
 @_frozen
+class ReservationReport(_Frozen):
+    """A reservation after the plan: what its tenant holds, what is kept for it, who borrows
+    it, and what claiming its unused part right after the plan would reclaim."""
+
+    id: str
+    tenant: str
+    gpus: int
+    block_gpus: int
+    held_before: int
+    held_after: int
+    kept_gpus: int
+    borrowed: tuple[str, ...]
+    claim_reclaims: tuple[str, ...]
+    claim_complete: bool
+    # Not in the plan JSON (like PoolBalance.rank): the blocks (node, GPUs) held back for it
+    # once its claims were served, before borrowing; and those held back for it while other
+    # reservations' claims were served. The referee (tests/arbiter/rules.py) checks them.
+    kept_blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    claim_blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@_frozen
 class Plan(_Frozen):
     """What the planner decided for one snapshot."""
 
@@ -253,3 +313,4 @@ class Plan(_Frozen):
     preemptions: tuple[Preemption, ...]
     unsatisfied: tuple[Unsatisfied, ...]
     pools: tuple[PoolBalance, ...]
+    reservations: tuple[ReservationReport, ...] = ()

@@ -145,6 +145,10 @@ _REGION_RECLAIMS_PER_DEMAND = 2
 
 def plan(snapshot: Snapshot) -> Plan:
     """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`."""
+    if snapshot.reservations:  # planned in passes of this function (reservations.py)
+        from gpucap.arbiter.claims import plan_reserved
+
+        return plan_reserved(snapshot, plan)
     planner = _Planner(snapshot)
     first = planner.run()
     result = improve.whole_plan(

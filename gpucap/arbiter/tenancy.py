@@ -15,9 +15,10 @@ the tenant past the quota.
 from __future__ import annotations
 
 from gpucap.arbiter import explain
-from gpucap.arbiter.model import Demand, Node, Quota, Snapshot
+from gpucap.arbiter.model import Demand, Node, Quota, Reservation, Snapshot
+from gpucap.arbiter.topology import block_sizes
 
-__all__ = ["QuotaBook", "tenancy_problems"]
+__all__ = ["QuotaBook", "reservation_problems", "tenancy_problems"]
 
 Labelled = list[tuple[str, object]]
 
@@ -67,6 +68,61 @@ def tenancy_problems(
                 f"{label}: tenant {quota.tenant}'s {_scope_words(quota, None)} is given twice"
             )
         seen.add(key)
+    return problems
+
+
+def reservation_problems(*, reservations: Labelled, nodes: Labelled, fabric: str) -> list[str]:
+    """Every problem with the reservations: empty or repeated ids, a tenant's second
+    reservation, a block that is no partition size of the fabric, GPUs that are not a positive
+    multiple of the block, and reservations that together do not fit the set's ready shared
+    nodes (the first reservation that takes the sum past them is named)."""
+    problems: list[str] = []
+    room = sum(
+        node.gpus
+        for _, node in nodes
+        if isinstance(node, Node) and node.state == "ready" and node.tenant is None
+    )
+    ids: set[str] = set()
+    tenants: dict[str, str] = {}
+    total = 0
+    sizes = block_sizes(fabric)
+    for label, reservation in reservations:
+        assert isinstance(reservation, Reservation)
+        if not reservation.id:
+            problems.append(f"{label}: id must not be empty")
+        elif reservation.id in ids:
+            problems.append(f"{label}: id {reservation.id} is used by another reservation")
+        ids.add(reservation.id)
+        tenant = reservation.tenant
+        if not tenant:
+            problems.append(f"{label}: tenant must not be empty")
+        elif tenant in tenants:
+            problems.append(
+                f"{label}: tenant {tenant} already has reservation {tenants[tenant]}; a tenant "
+                f"has at most one reservation in a set"
+            )
+        else:
+            tenants[tenant] = reservation.id
+        block = reservation.block_gpus
+        if block not in sizes:
+            allowed = ", ".join(map(str, sizes))
+            problems.append(
+                f"{label}: block_gpus must be a partition size of this {fabric} set ({allowed}), "
+                f"got {block}"
+            )
+        if reservation.gpus < 1:
+            problems.append(f"{label}: gpus must be 1 or more, got {reservation.gpus}")
+            continue
+        if block in sizes and reservation.gpus % block:
+            problems.append(
+                f"{label}: gpus must be a multiple of block_gpus {block}, got {reservation.gpus}"
+            )
+        before, total = total, total + reservation.gpus
+        if before <= room < total:
+            problems.append(
+                f"{label}: gpus {reservation.gpus} takes the set's reservations to {total} GPUs, "
+                f"more than the {room} GPUs of its ready nodes not dedicated to a tenant"
+            )
     return problems
 
 

@@ -24,7 +24,7 @@ from gpucap.arbiter.model import (
     Snapshot,
     Vm,
 )
-from gpucap.arbiter.tenancy import tenancy_problems
+from gpucap.arbiter.tenancy import reservation_problems, tenancy_problems
 from gpucap.arbiter.topology import (
     gpu_count_problem,
     gpu_mask,
@@ -45,6 +45,7 @@ def snapshot_problems(snapshot: Snapshot) -> list[str]:
         vms=_labelled("vms", snapshot.vms, "id"),
         demands=_labelled("demands", snapshot.demands, "id"),
         quotas=_labelled("quotas", snapshot.quotas, "tenant"),
+        reservations=_labelled("reservations", snapshot.reservations, "id"),
     )
 
 
@@ -64,6 +65,7 @@ def check_snapshot(
     vms: Labelled,
     demands: Labelled,
     quotas: Labelled | None = None,
+    reservations: Labelled | None = None,
     unreadable: dict[str, set[str]] | None = None,
 ) -> list[str]:
     """The checks behind `snapshot_problems`, on items that carry their own labels.
@@ -95,6 +97,8 @@ def check_snapshot(
             unreadable_pools=unreadable.get("pools", set()),
         )
     )
+    if reservations:
+        problems.extend(reservation_problems(reservations=reservations, nodes=nodes, fabric=fabric))
     return [one_line(problem) for problem in problems]
 
 

@@ -15,10 +15,11 @@ from gpucap.arbiter.model import (
     Node,
     Pool,
     Quota,
+    Reservation,
     Snapshot,
     Vm,
 )
-from gpucap.arbiter.topology import partition_table
+from gpucap.arbiter.topology import block_sizes, partition_table
 
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
 
@@ -64,6 +65,7 @@ def snapshot(
     demands: list[Demand] | None = None,
     deployments: list[Deployment] | None = None,
     quotas: list[Quota] | None = None,
+    reservations: list[Reservation] | None = None,
 ) -> Snapshot:
     return Snapshot(
         capacity_set=CapacitySet(name="test-set", fabric=fabric, gpu_model="H100"),
@@ -74,6 +76,7 @@ def snapshot(
         deployments=tuple(deployments or ()),
         now=at(600),
         quotas=tuple(quotas or ()),
+        reservations=tuple(reservations or ()),
     )
 
 
@@ -130,6 +133,7 @@ def snapshots(
     crowded: bool = False,
     max_jobs: int = 0,
     tenancy: bool = False,
+    reservations: bool = False,
 ) -> Snapshot:
     """A random, valid capacity set: nodes of both fabrics with default, HGX and crossed
     tables, failed GPUs and cordoned nodes; 2-4 ranked pools with floors; inference deployments
@@ -139,7 +143,9 @@ def snapshots(
     or in up to ``max_groups`` shared groups. ``max_groups=0`` makes every demand a group of
     one. ``crowded`` fills the nodes up, so that most demands need a reclaim. ``tenancy`` gives
     demand groups tenants, dedicates some nodes to tenants and adds up to three quotas (off by
-    default, for references that do not model tenants)."""
+    default, for references that do not model tenants). ``reservations`` (with ``tenancy``) adds
+    up to two reservations that fit the set's ready shared nodes, and flags some VMs as
+    borrowing from them (or from a reservation that ended)."""
     fabric = fabric or draw(st.sampled_from(("nvswitch", "pcie")))
     pool_count = draw(st.integers(2, 4))
     kind_choices = victim_kinds or ("spot", "spot", "inference", "on_demand")
@@ -237,6 +243,10 @@ def snapshots(
         quotas = [
             Quota(tenant, pool, draw(st.sampled_from(QUOTA_SIZES))) for tenant, pool in scopes
         ]
+    held_back: list[Reservation] = []
+    if reservations:
+        held_back = _reservations(draw, fabric, nodes)
+        vms = _borrowers(draw, vms, held_back)
     return Snapshot(
         capacity_set=CapacitySet(name="random", fabric=fabric, gpu_model="H100"),
         nodes=tuple(nodes),
@@ -246,7 +256,31 @@ def snapshots(
         deployments=tuple(deployments),
         now=at(600),
         quotas=tuple(quotas),
+        reservations=tuple(held_back),
     )
+
+
+def _reservations(draw, fabric: str, nodes: list[Node]) -> list[Reservation]:
+    """Up to two reservations of tenants of the set, together within its ready shared GPUs."""
+    room = sum(node.gpus for node in nodes if node.state == "ready" and node.tenant is None)
+    found = []
+    for tenant in draw(st.lists(st.sampled_from(TENANTS), unique=True, min_size=1, max_size=2)):
+        block = draw(st.sampled_from(block_sizes(fabric)))
+        gpus = block * draw(st.integers(1, 3))
+        if gpus > room:
+            gpus = block
+        if gpus <= room:
+            room -= gpus
+            found.append(Reservation(f"r-{tenant}", tenant, gpus, block))
+    return found
+
+
+def _borrowers(draw, vms: list[Vm], reservations: list[Reservation]) -> list[Vm]:
+    """Flag some VMs as borrowing: from a reservation in force, or from one that ended."""
+    ids = [r.id for r in reservations] + ["r-ended"]
+    return [
+        dataclasses.replace(vm, borrowed=draw(st.sampled_from((None, *ids, *ids)))) for vm in vms
+    ]
 
 
 def _vm_tenant(draw, node: Node) -> str | None:

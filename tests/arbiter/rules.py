@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from gpucap.arbiter.model import Plan, Snapshot
 from gpucap.arbiter.topology import partition_table
+from tests.arbiter.reserved import Reserved
 
 
 def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
@@ -21,6 +22,9 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
     vms = {vm.id: vm for vm in snapshot.vms}
     demands = {demand.id: demand for demand in snapshot.demands}
     deployments = {d.name: d for d in snapshot.deployments}
+    # Reservations (issue 19): a claim reclaiming its own borrowers is exempt from rules 2, 3
+    # and 3a, and kept capacity is no free capacity for whom may not use it (rule 6).
+    reserved = Reserved(snapshot, plan)
 
     # Who holds each GPU before the plan.
     holder: dict[tuple[str, int], str] = {}
@@ -56,6 +60,7 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if p.vm in preempted:
             problems.append(f"VM {p.vm} preempted twice")
         preempted[p.vm] = p.for_demand
+        exempt = reserved.exempt(p)
         if (p.pool, p.node, tuple(p.gpus)) != (victim.pool, victim.node, victim.gpus):
             problems.append(f"preemption of {p.vm} misstates pool, node or GPUs")
         if p.tenant != victim.tenant:
@@ -65,7 +70,7 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if victim.state == "notified":
             problems.append(f"notified VM {p.vm} preempted again")
         protect = timedelta(seconds=pools[victim.pool].protect_seconds)
-        if snapshot.now is not None and snapshot.now < victim.started_at + protect:
+        if not exempt and snapshot.now is not None and snapshot.now < victim.started_at + protect:
             problems.append(
                 f"rule 3a: {p.vm} preempted while its pool {victim.pool} protects it "
                 f"(until {victim.started_at + protect})"
@@ -74,7 +79,7 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if served is None:
             problems.append(f"preemption of {p.vm} serves unknown demand {p.for_demand}")
             continue
-        if pools[victim.pool].rank <= pools[served.pool].rank:
+        if not exempt and pools[victim.pool].rank <= pools[served.pool].rank:
             problems.append(
                 f"rule 3: {p.vm} of {victim.pool} (rank {pools[victim.pool].rank}) preempted "
                 f"for {served.id} of {served.pool} (rank {pools[served.pool].rank})"
@@ -117,17 +122,26 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
                 replicas[vm.deployment] += 1
     taken = dict.fromkeys(pools, 0)
     replicas_taken = dict.fromkeys(deployments, 0)
-    for vm_id in preempted:
-        vm = vms[vm_id]
+    broken: set[str] = set()
+    counted: set[str] = set()
+    for p in plan.preemptions:
+        vm = vms.get(p.vm)
+        if vm is None or p.vm in counted:
+            continue
+        counted.add(p.vm)
         taken[vm.pool] += len(vm.gpus)
         if vm.deployment:
             replicas_taken[vm.deployment] += 1
-    for name, pool in pools.items():
-        if taken[name] and held[name] - taken[name] < pool.floor_gpus:
-            problems.append(
-                f"rule 2: pool {name} taken from {held[name]} to {held[name] - taken[name]}, "
-                f"floor {pool.floor_gpus}"
-            )
+        # Each preemption that is not exempt leaves its pool at or above the floor, counting
+        # every earlier one (without exemptions: the whole plan's).
+        floor = pools[vm.pool].floor_gpus
+        if not reserved.exempt(p) and held[vm.pool] - taken[vm.pool] < floor:
+            broken.add(vm.pool)
+    for name in sorted(broken):
+        problems.append(
+            f"rule 2: pool {name} taken from {held[name]} to {held[name] - taken[name]}, "
+            f"floor {pools[name].floor_gpus}"
+        )
     for name, deployment in deployments.items():
         left = replicas[name] - replicas_taken[name]
         if replicas_taken[name] and left < deployment.min_replicas:
@@ -164,7 +178,10 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if set(gpus) & set(node.failed_gpus):
             problems.append(f"{demand.id} given a failed GPU on {node.name}")
         if placement.preempts and _free_block_exists(
-            snapshot, node_free=free, size=demand.gpus, tenant=demand.tenant
+            snapshot,
+            node_free=free - reserved.off_limits(placement),
+            size=demand.gpus,
+            tenant=demand.tenant,
         ):
             problems.append(f"rule 6: {demand.id} preempts while a free partition exists")
         for vm_id in placement.preempts:
@@ -212,6 +229,7 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
     if actual != expected:
         problems.append(f"pool balances {actual} != {expected}")
     problems += _quota_violations(snapshot, plan)
+    problems += reserved.violations()
     return problems
 
 

@@ -279,3 +279,57 @@ def test_pcie_refuses_multi_gpu_vms_demands_and_partition_tables():
         "demands[0] (vm-9): gpus: 8 GPUs cannot be given in a PCIe set: PCIe sets allocate "
         "single cards, so every VM has exactly 1 GPU",
     ]
+
+
+def test_plan_reads_a_file_with_a_reservation_and_a_borrower(tmp_path):
+    data = example()
+    data["reservations"] = [{"id": "r1", "tenant": "acme", "gpus": 8, "block_gpus": 8}]
+    data["vms"][0].update(tenant="globex", borrowed="r1")
+    data["demands"][0]["tenant"] = "acme"
+    path = tmp_path / "reserved.json"
+    path.write_text(json.dumps(data))
+    done = arbiter("plan", str(path))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert list(result) == [
+        "complete",
+        "placements",
+        "preemptions",
+        "unsatisfied",
+        "pools",
+        "reservations",
+    ]
+    assert result["placements"] == [
+        {
+            "demand": "vm-9",
+            "node": "n001",
+            "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
+            "preempts": ["vm-1"],
+            "reservation": "r1",
+        }
+    ]
+    assert "borrowed capacity kept for that reservation" in result["preemptions"][0]["reason"]
+    assert result["reservations"] == [
+        {
+            "id": "r1",
+            "tenant": "acme",
+            "gpus": 8,
+            "block_gpus": 8,
+            "held_before": 0,
+            "held_after": 8,
+            "kept_gpus": 0,
+            "borrowed": [],
+            "claim_reclaims": [],
+            "claim_complete": True,
+        }
+    ]
+
+
+def test_a_reservation_too_big_for_the_set_exits_2():
+    def mutate(data):
+        data["reservations"] = [{"id": "r1", "tenant": "acme", "gpus": 24, "block_gpus": 8}]
+
+    assert broken(mutate) == [
+        "reservations[0] (r1): gpus 24 takes the set's reservations to 24 GPUs, more than the "
+        "16 GPUs of its ready nodes not dedicated to a tenant"
+    ]

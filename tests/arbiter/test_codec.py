@@ -27,6 +27,13 @@ def test_tenants_dedicated_nodes_and_quotas_survive_a_round_trip(fleet):
     assert load_snapshot(text) == fleet
 
 
+@settings(max_examples=100, deadline=None)
+@given(snapshots(max_jobs=2, tenancy=True, reservations=True))
+def test_reservations_and_borrowers_survive_a_round_trip(fleet):
+    text = json.dumps(snapshot_to_dict(fleet))
+    assert load_snapshot(text) == fleet
+
+
 def test_the_design_example_reads_with_its_defaults():
     fleet = load_snapshot(EXAMPLE.read_text())
     assert fleet.nodes[0].partitions is None
