@@ -24,7 +24,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis.config import SchemathesisConfig
 
 from gpucap.allocation import services as allocation
-from gpucap.allocation.models import TenantQuota
+from gpucap.allocation.models import Reservation, TenantQuota
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -89,6 +89,8 @@ BEYOND_THE_SCHEMA = [
     ("GET", "/api/usage/"),
     ("POST", "/api/quotas/"),  # a pool or a GPU model, exactly one; a model some pool has
     ("PATCH", "/api/quotas/{id}/"),
+    ("POST", "/api/reservations/"),  # whole blocks, the set's GPUs, no overlap
+    ("PATCH", "/api/reservations/{id}/"),
 ]
 
 CONFIG = SchemathesisConfig.from_dict(
@@ -174,6 +176,12 @@ def fleet_of_two_tenants(
     simulation_runs.simulation_carry_out(run_id=run.pk)
     allocation.quota_set(tenant=tenant, pool=pools["h100-spot"], max_gpus=16, actor=operator)
     allocation.quota_set(tenant=other_tenant, gpu_model="L40S", max_gpus=4, actor=operator)
+    allocation.reservation_create(
+        tenant=tenant,
+        capacity_set=fleet_east["sets"]["h100-east"],
+        data={"name": "acme-8", "gpus": 8, "block_gpus": 8, "always": True},
+        actor=operator,
+    )
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -213,6 +221,7 @@ PATH_OBJECTS = {
     "api-keys": ApiKey,
     "simulations": SimulationRun,
     "quotas": TenantQuota,
+    "reservations": Reservation,
     "invitation_id": Invitation,
     "membership_id": Membership,
 }

@@ -74,6 +74,9 @@ ENDPOINTS = {
     "/api/usage/": {"get"},
     "/api/quotas/": {"get", "post"},
     "/api/quotas/{id}/": {"get", "patch", "delete"},
+    "/api/reservations/": {"get", "post"},
+    "/api/reservations/{id}/": {"get", "patch", "delete"},
+    "/api/capacity-sets/{id}/reservations/": {"get"},
 }
 
 # Command -> (request component or None, response component).

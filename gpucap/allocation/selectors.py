@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.apps import apps
-from django.db.models import Q
+from django.db.models import Q, Sum
 
-from gpucap.allocation.models import TenantQuota
+from gpucap.allocation.models import Reservation, TenantQuota
 from gpucap.arbiter import model as am
-from gpucap.fleet.models import CapacitySet, Pool
+from gpucap.fleet.models import CapacitySet, Node, Pool
+from gpucap.schedules import calendar
 from gpucap.tenancy.models import Tenant
 
 HELD_STATES = ("provisioning", "running", "notified", "stopping")
@@ -209,3 +211,96 @@ def _use_of(quota: TenantQuota, rows: list[_Row]) -> QuotaUse:
             use.held_gpus += gpu_count
             use.held_vms.append(name)
     return use
+
+
+# --- reservations ------------------------------------------------------------------------------
+
+# How far ahead a reservation's next change is looked for (a weekly window repeats within 8 days).
+RESERVATION_LOOKAHEAD = timedelta(days=8)
+
+
+def reservation_window(reservation: Reservation) -> calendar.Window | None:
+    """The reservation's weekly window as the schedules' calendar reads it; None: always."""
+    if reservation.always:
+        return None
+    return calendar.Window(
+        days=frozenset(reservation.days),
+        start=reservation.start_time,
+        end=reservation.end_time,
+        zone=reservation.time_zone,
+    )
+
+
+def reservation_in_force(reservation: Reservation, now: datetime) -> bool:
+    window = reservation_window(reservation)
+    return window is None or window.active_at(now)
+
+
+def reservations_in_force(capacity_set: CapacitySet, now: datetime) -> list[Reservation]:
+    """The set's reservations in force at ``now`` (one query), by name: what the snapshot
+    hands the arbiter."""
+    rows = Reservation.objects.filter(capacity_set=capacity_set).select_related("tenant")
+    return [row for row in rows.order_by("name") if reservation_in_force(row, now)]
+
+
+def reservation_next_change(reservation: Reservation, now: datetime) -> datetime | None:
+    """When the reservation next comes into or goes out of force after ``now``; None for one
+    always in force."""
+    window = reservation_window(reservation)
+    if window is None:
+        return None
+    return window_next_change(window, now)
+
+
+def window_next_change(window: calendar.Window, now: datetime) -> datetime | None:
+    entry = calendar.Entry(name="reservation", window=window, changes=())
+    moments = calendar.boundaries([entry], [], now, now + RESERVATION_LOOKAHEAD)
+    return moments[0] if moments else None
+
+
+def set_next_reservation_change(capacity_set_id: int, now: datetime) -> datetime | None:
+    """The next moment any of the set's reservations comes into or out of force."""
+    moments = [
+        moment
+        for row in Reservation.objects.filter(capacity_set_id=capacity_set_id, always=False)
+        if (moment := reservation_next_change(row, now)) is not None
+    ]
+    return min(moments, default=None)
+
+
+def set_reservable_gpus(capacity_set: CapacitySet) -> int:
+    """The GPUs a set's reservations may keep: those of its ready nodes not dedicated to a
+    tenant (a dedicated node is its tenant's already, and no one else's to keep)."""
+    total = Node.objects.filter(
+        capacity_set=capacity_set, state=Node.State.READY, dedicated_tenant__isnull=True
+    ).aggregate(gpus=Sum("gpu_count"))["gpus"]
+    return total or 0
+
+
+def reservations_borrowers(reservation_ids: list[int]) -> dict[int, list[tuple[str, str, int]]]:
+    """The VMs borrowing from each reservation now: (VM name, tenant slug, GPUs), by
+    reservation id (one query)."""
+    found: dict[int, list[tuple[str, str, int]]] = {pk: [] for pk in reservation_ids}
+    rows = (
+        _vms()
+        .objects.filter(borrowed_from_id__in=reservation_ids, state__in=HELD_STATES)
+        .order_by("name")
+        .values_list("borrowed_from_id", "name", "tenant__slug", "gpu_count")
+    )
+    for reservation_id, name, tenant, gpus in rows:
+        found[reservation_id].append((name, tenant, gpus))
+    return found
+
+
+def reservations_held(reservation_ids: list[int]) -> dict[int, int]:
+    """The GPUs each reservation's tenant holds inside it now (VMs placed in it), by id."""
+    held: dict[int, int] = dict.fromkeys(reservation_ids, 0)
+    rows = (
+        _vms()
+        .objects.filter(reservation_id__in=reservation_ids, state__in=HELD_STATES)
+        .values("reservation_id")
+        .annotate(gpus=Sum("gpu_count"))
+    )
+    for row in rows:
+        held[row["reservation_id"]] = row["gpus"]
+    return held

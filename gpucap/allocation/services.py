@@ -1,6 +1,7 @@
-"""Changes to tenant allocation: quotas. Operators only (the API, the console, the fleet file
-call these). Every change is audited and bumps the generation of every capacity set the quota
-touches, so their plans are made again.
+"""Changes to tenant allocation: quotas here, reservations in `gpucap.allocation.reservations`
+(re-exported below, so every change is found here). Operators only (the API, the console, the
+fleet file call these). Every change is audited and bumps the generation of every capacity set
+it touches, so their plans are made again.
 
 A quota never stops anything: lowering it below what the tenant holds only refuses new
 requests (``gpucap.rentals.services.vm_request``) and new placements (the arbiter), and the
@@ -14,11 +15,28 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gpucap.allocation.models import TenantQuota
+from gpucap.allocation.reservations import (
+    reservation_check,
+    reservation_create,
+    reservation_delete,
+    reservation_update,
+    reservations_boundary,
+)
 from gpucap.allocation.selectors import QuotaUse, names_words, quota_use
 from gpucap.audit.services import Actor, audit_record
 from gpucap.fleet.models import CapacitySet, Node, Pool
 from gpucap.fleet.services import capacity_set_bump
 from gpucap.tenancy.models import Tenant
+
+__all__ = [
+    "quota_delete",
+    "quota_set",
+    "reservation_check",
+    "reservation_create",
+    "reservation_delete",
+    "reservation_update",
+    "reservations_boundary",
+]
 
 # PostgreSQL's integer, what the counts are stored in.
 INTEGER_MAX = 2**31 - 1

@@ -33,6 +33,7 @@ from gpucap.plans.api import (
     CapacitySetWhatIfView,
     PlanViewSet,
 )
+from gpucap.plans.reservations_api import CapacitySetReservationsView, ReservationViewSet
 from gpucap.plans.simulation_api import (
     CapacitySetSimulateView,
     CapacitySetSimulationsView,
@@ -64,6 +65,7 @@ router.register("plans", PlanViewSet, basename="plan")
 router.register("deployments", InferenceDeploymentViewSet, basename="deployment")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("quotas", TenantQuotaViewSet, basename="quota")
+router.register("reservations", ReservationViewSet, basename="reservation")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),
@@ -95,6 +97,11 @@ urlpatterns = [
         "capacity-sets/<int:id>/what-if/",
         CapacitySetWhatIfView.as_view(),
         name="api-capacity-set-what-if",
+    ),
+    path(
+        "capacity-sets/<int:id>/reservations/",
+        CapacitySetReservationsView.as_view(),
+        name="api-capacity-set-reservations",
     ),
     path(
         "capacity-sets/<int:id>/schedule/",

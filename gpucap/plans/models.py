@@ -44,6 +44,11 @@ class Plan(models.Model):
     # Each pool of the set before and after the plan: [{"pool", "name", "rank", "kind",
     # "floor_gpus", "before_gpus", "after_gpus", "pending_gpus"}] in rank order.
     pools = models.JSONField(default=list)
+    # Each reservation of the set in force, as the arbiter reported it: [{"id" (the
+    # Reservation's id, as text), "tenant", "gpus", "block_gpus", "held_before", "held_after",
+    # "kept_gpus", "borrowed" (VM instance ids), "claim_reclaims" (instance ids of the VMs its
+    # tenant's claim would give notices), "claim_complete"}] (gpucap/plans/reservations.py).
+    reservations = models.JSONField(default=list, blank=True)
     # What the plan does, as a stable digest: two plans with the same digest act the same.
     digest = models.CharField(max_length=64)
     planning_ms = models.PositiveIntegerField(default=0)
@@ -140,6 +145,14 @@ class PlanAction(models.Model):
         blank=True,
         help_text="Unsatisfied demands that only VMs their pool protects could serve (a pool's "
         "protect_seconds): when that protection ends. The set is planned again then.",
+    )
+    # Placements: the reservation the VM is placed inside (its tenant's), or the one whose
+    # kept capacity it borrows (a spot VM); copied onto the VM when it is placed.
+    reservation = models.ForeignKey(
+        "allocation.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    borrowed_from = models.ForeignKey(
+        "allocation.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     progress = models.CharField(max_length=16, choices=Progress.choices, blank=True)
     progress_message = models.TextField(blank=True)

@@ -53,6 +53,12 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import snapshot_cache
 from gpucap.plans.at_risk import at_risk_follow
 from gpucap.plans.models import Plan, PlanAction
+from gpucap.plans.reservation_feed import (
+    borrowed_flags_write,
+    placement_flags_copy,
+    placement_reservation_ids,
+    plan_reports,
+)
 from gpucap.plans.snapshot import IN_FLIGHT, SetSnapshot, capacity_set_snapshot, with_policy
 from gpucap.plans.triggers import replan_soon
 from gpucap.rentals import services as rentals
@@ -149,13 +155,15 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         result = arbiter.plan(snap.snapshot)
         elapsed_ms = int((timezone.now() - started).total_seconds() * 1000)
     acts = bool(result.placements or result.preemptions)
+    reports = plan_reports(result)
+    borrowed_flags_write(capacity_set, reports)
     if (
         not acts
         and latest
         and latest.status == Status.NOTHING
         and _leaves_same(latest, snap, result)
     ):
-        return _fold(latest, snap, result)
+        return _fold(latest, snap, result, reports)
     Plan.objects.filter(capacity_set=capacity_set, status=Status.PROPOSED).update(
         status=Status.SUPERSEDED
     )
@@ -172,6 +180,7 @@ def _plan_locked(capacity_set: CapacitySet, *, trigger: str) -> Plan:
         preempted_gpus=sum(len(p.gpus) for p in result.preemptions),
         unsatisfied=len(result.unsatisfied),
         pools=pool_balances(snap, result),
+        reservations=reports,
         digest=hashlib.sha256(arbiter.dump_plan(result).encode()).hexdigest(),
         planning_ms=elapsed_ms,
     )
@@ -214,13 +223,14 @@ def _leaves_same(latest: Plan, snap: SetSnapshot, result: am.Plan) -> bool:
     return latest.complete == result.complete and before == unsatisfied
 
 
-def _fold(latest: Plan, snap: SetSnapshot, result: am.Plan) -> Plan:
+def _fold(latest: Plan, snap: SetSnapshot, result: am.Plan, reports: list[dict]) -> Plan:
     """The replan found ``latest`` again: it now stands for the set's current generation (with
     the pools' current numbers); one more replan is counted on it."""
     now = timezone.now()
     Plan.objects.filter(pk=latest.pk).update(
         generation=snap.generation,
         pools=pool_balances(snap, result),
+        reservations=reports,
         demands=len(snap.snapshot.demands),
         replans=F("replans") + 1,
         replanned_at=now,
@@ -318,6 +328,7 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
         return line
 
     for position, placement in enumerate(result.placements):
+        reservation_id, borrowed_from_id = placement_reservation_ids(placement)
         actions.append(
             action(
                 Kind.PLACEMENT,
@@ -327,6 +338,8 @@ def plan_actions(plan: Plan | None, snap: SetSnapshot, result: am.Plan) -> list[
                 gpus=list(placement.gpus),
                 group=demands[placement.demand].group,
                 reason=placement_words(placement.preempts),
+                reservation_id=reservation_id,
+                borrowed_from_id=borrowed_from_id,
             )
         )
     for position, preemption in enumerate(result.preemptions):
@@ -500,6 +513,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
             actor=actor,
             message=f"plan {plan.pk}: {action.reason}",
         )
+        placement_flags_copy(action.vm, action)
         _progress(action, Progress.DONE)
     kill_point("plans.apply:placements-recorded")
 
@@ -584,6 +598,7 @@ def placements_complete(*, capacity_set: CapacitySet) -> list[int]:
                     gpu_indices=action.gpus,
                     message=f"plan {action.plan_id}: GPUs freed by its notices",
                 )
+                placement_flags_copy(vm, action)
         except (Conflict, ValidationError) as exc:
             reason = exc.message if isinstance(exc, Conflict) else "; ".join(exc.messages)
             _progress(action, Progress.MISSED, reason)

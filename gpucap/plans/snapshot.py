@@ -56,6 +56,7 @@ from gpucap.arbiter.topology import gpu_count_problem, gpu_mask, partition_table
 from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.inference.models import InferenceDeployment
 from gpucap.plans.models import PlanAction
+from gpucap.plans.reservation_feed import in_force_rows, with_reservations
 from gpucap.rentals.models import VirtualMachine
 from gpucap.schedules.calendar import Policy
 
@@ -93,6 +94,7 @@ HOLDER_FIELDS = (
     "node_id",
     "deployment_id",
     "preempted_for_id",
+    "borrowed_from_id",  # the arbiter reclaims borrowers first when a reservation is claimed
     "started_at",
     "demand_group",  # a running job's members are reclaimed together (_job)
     "tenant__name",
@@ -498,8 +500,8 @@ class SetSnapshot:
 def capacity_set_snapshot(
     capacity_set: CapacitySet, *, extra_demands: Iterable[am.Demand] = ()
 ) -> SetSnapshot:
-    """The set as the arbiter sees it now, with the quotas that bind its tenants. Eight or
-    nine queries, whatever the set's size."""
+    """The set as the arbiter sees it now, with the quotas that bind its tenants and the
+    reservations in force. Nine or ten queries, whatever the set's size."""
     generation = CapacitySet.objects.filter(pk=capacity_set.pk).values_list(
         "generation", flat=True
     )[0]
@@ -515,6 +517,15 @@ def capacity_set_snapshot(
     )
     snapshot = replace(
         snapshot, quotas=set_quotas(capacity_set=capacity_set, pools=list(live.pools.values()))
+    )
+    snapshot = with_reservations(
+        snapshot,
+        in_force_rows(capacity_set, snapshot),
+        {
+            vm.instance_id: vm.borrowed_from_id
+            for vm in live.holders.values()
+            if vm.borrowed_from_id
+        },
     )
     return SetSnapshot(
         capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live

@@ -102,6 +102,23 @@ class VirtualMachine(models.Model):
         help_text="The VM whose placement this VM is being stopped for: its GPUs are reserved "
         "for that VM, and that VM gets no further victims while this one stops.",
     )
+    reservation = models.ForeignKey(
+        "allocation.Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="vms",
+        help_text="Placed inside its tenant's reservation (set from the plan's placement).",
+    )
+    borrowed_from = models.ForeignKey(
+        "allocation.Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="borrowers",
+        help_text="Borrows capacity kept for this reservation: reclaimed first when its tenant "
+        "claims it (set and cleared after each plan).",
+    )
     failure_reason = models.TextField(blank=True)
     at_risk_since = models.DateTimeField(
         null=True,

@@ -247,6 +247,13 @@ def conflicts(entries: Sequence[Entry], since: datetime) -> list[Conflict]:
     return found
 
 
+def windows_overlap(first: Window, second: Window, since: datetime) -> datetime | None:
+    """The first instant within `CONFLICT_HORIZON` of ``since`` at which both windows are
+    open, or None (what two tenants' reservations, or one tenant's two, are checked by)."""
+    until = since + CONFLICT_HORIZON
+    return _first_overlap(first.occurrences(since, until), second.occurrences(since, until))
+
+
 def _first_overlap(
     left: list[tuple[datetime, datetime]], right: list[tuple[datetime, datetime]]
 ) -> datetime | None:

@@ -160,6 +160,12 @@ def world_build() -> World:
     quota = allocation.quota_set(
         tenant=acme, pool=pools["a100-standalone"], max_gpus=8, actor=users["operator"]
     ).quota
+    # acme's reservation in the set (while globex's spot VMs could borrow from it).
+    reservation = allocation.reservation_create(
+        tenant=acme,
+        capacity_set=h100,
+        data={"name": "acme-8", "gpus": 8, "block_gpus": 8, "always": True},
+    )
     ids = {
         # pages
         "slug": acme.slug,
@@ -202,6 +208,7 @@ def world_build() -> World:
         ("schedule", "name"): entry.name,
         ("overrides", "name"): override.name,
         ("quotas", "pk"): quota.pk,
+        ("reservations", "pk"): reservation.pk,
     }
     # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.
     markers = [SECRET, vm.ip_address, api_key.prefix, invitation.email]
