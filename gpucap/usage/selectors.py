@@ -15,7 +15,8 @@ from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageRecord
 # A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment.
 USAGE_ROWS_SQL = """
 SELECT r.record_id, r.period_start, r.started_at, r.ended_at, r.final, r.gpu_seconds,
-       r.pool_kind, r.gpu_model, r.gpu_count, r.interval_id,
+       r.pool_kind, r.gpu_model, r.gpu_count, r.interval_id, r.allocation, r.commitment_id,
+       r.commitment_name, r.borrowed_from, r.dedicated_node,
        r.tenant_id, t.slug AS tenant_slug, t.name AS tenant_name,
        r.vm_id, vm.name AS vm_name, vm.role AS vm_role,
        pool.name AS pool_name, cluster.name AS cluster_name, cs.name AS capacity_set_name,
@@ -36,16 +37,24 @@ def usage_rows(
     since: datetime,
     until: datetime,
     tenant_id: int | None = None,
+    allocation: str | None = None,
     now: datetime | None = None,
 ) -> Iterator[dict]:
     """Every piece of GPU time in [since, until), one per interval and period, oldest first;
-    open intervals are counted up to ``now`` (``final`` is false on those rows). One query,
-    read in chunks from a server-side cursor so a month of a large fleet streams."""
+    open intervals are counted up to ``now`` (``final`` is false on those rows); only GPU time
+    of one ``allocation`` if given. One query, read in chunks from a server-side cursor so a
+    month of a large fleet streams."""
     now = now or timezone.now()
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
-    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=where))
-    params = pieces.params(now=now, since=since, until=until, tenant_id=tenant_id)
+    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=_of_allocation(where, allocation)))
+    params = pieces.params(
+        now=now, since=since, until=until, tenant_id=tenant_id, allocation=allocation
+    )
     yield from _stream(sql, params)
+
+
+def _of_allocation(where: str, allocation: str | None) -> str:
+    return where if allocation is None else f"{where} AND i.allocation = %(allocation)s"
 
 
 # Totals need no cut at period boundaries: each interval counts its part of [since, until).
@@ -86,13 +95,17 @@ def usage_rows_of_tenants(
     since: datetime,
     until: datetime,
     tenant_ids: list[int],
+    allocation: str | None = None,
     now: datetime | None = None,
 ) -> Iterator[dict]:
     """``usage_rows`` for several tenants at once (a member of more than one asking for all of
     theirs): the same rows, the same order, one streaming query."""
     now = now or timezone.now()
-    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where="i.tenant_id = ANY(%(tenant_ids)s)"))
-    params = pieces.params(now=now, since=since, until=until, tenant_ids=list(tenant_ids))
+    where = _of_allocation("i.tenant_id = ANY(%(tenant_ids)s)", allocation)
+    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=where))
+    params = pieces.params(
+        now=now, since=since, until=until, tenant_ids=list(tenant_ids), allocation=allocation
+    )
     yield from _stream(sql, params)
 
 
