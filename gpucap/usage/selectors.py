@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.usage import pieces
-from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageRecord
+from gpucap.usage.models import Allocation, BillingDelivery, BillingWebhook, UsageRecord
 
 # A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment.
 USAGE_ROWS_SQL = """
@@ -125,14 +125,16 @@ def _stream(sql: str, params: dict) -> Iterator[dict]:
 # start's UTC date is its day.
 BY_DAY_SQL = """
 SELECT (r.started_at AT TIME ZONE 'UTC')::date AS day, r.tenant_id, t.slug, t.name,
-       r.pool_kind, sum(r.gpu_seconds) AS gpu_seconds
+       r.pool_kind, r.allocation, sum(r.gpu_seconds) AS gpu_seconds
   FROM ({rows}) AS r
   JOIN tenancy_tenant t ON t.id = r.tenant_id
- GROUP BY 1, 2, 3, 4, 5
- ORDER BY 1, 4, 5
+ GROUP BY 1, 2, 3, 4, 5, 6
+ ORDER BY 1, 4, 5, 6
 """
 
 POOL_KINDS = ("on_demand", "spot", "inference")
+# The tenant's page shows its GPU-hours in this order: what it pays for first.
+ALLOCATIONS = ("dedicated", "reserved", "borrowed", "shared")
 
 
 @dataclass(frozen=True)
@@ -161,11 +163,17 @@ class UsageSummary:
     tenants: list[TenantUsage]
     daily_by_kind: dict[str, list[Decimal]]  # kind -> one value per day of ``days``
     daily_by_tenant: dict[str, list[Decimal]]  # tenant slug -> one value per day of ``days``
+    by_allocation: dict[str, Decimal]  # every allocation, 0 where none
 
     @property
     def kinds(self) -> list[tuple[str, str, Decimal]]:
         """(kind, its label, GPU-hours) for every pool kind."""
         return [(kind, Pool.Kind(kind).label, self.by_kind[kind]) for kind in POOL_KINDS]
+
+    @property
+    def allocations(self) -> list[tuple[str, str, Decimal]]:
+        """(allocation, its label, GPU-hours) for every allocation."""
+        return [(a, Allocation(a).label, self.by_allocation[a]) for a in ALLOCATIONS]
 
 
 def usage_summary(
@@ -176,7 +184,7 @@ def usage_summary(
     now: datetime | None = None,
 ) -> UsageSummary:
     """Everything the usage pages show about a period, from one query: GPU-seconds summed per
-    day, tenant and pool kind."""
+    day, tenant, pool kind and allocation."""
     now = now or timezone.now()
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
     sql = BY_DAY_SQL.format(rows=pieces.rows_sql(where=where))
@@ -189,12 +197,14 @@ def usage_summary(
     index = {day: n for n, day in enumerate(days)}
     zero = Decimal(0)
     by_kind = dict.fromkeys(POOL_KINDS, zero)
+    by_allocation = dict.fromkeys(ALLOCATIONS, zero)
     daily_by_kind = {kind: [zero] * len(days) for kind in POOL_KINDS}
     daily_by_tenant: dict[str, list[Decimal]] = {}
     tenants: dict[str, tuple[str, dict[str, Decimal]]] = {}
-    for day, _tenant_id, slug, name, kind, seconds in rows:
+    for day, _tenant_id, slug, name, kind, allocation, seconds in rows:
         hours = seconds / 3600
         by_kind[kind] += hours
+        by_allocation[allocation] += hours
         daily_by_kind[kind][index[day]] += hours
         daily_by_tenant.setdefault(slug, [zero] * len(days))[index[day]] += hours
         tenants.setdefault(slug, (name, dict.fromkeys(POOL_KINDS, zero)))[1][kind] += hours
@@ -214,6 +224,7 @@ def usage_summary(
         tenants=tenant_usage,
         daily_by_kind=daily_by_kind,
         daily_by_tenant=daily_by_tenant,
+        by_allocation=by_allocation,
     )
 
 
