@@ -28,22 +28,36 @@ class Allocation(models.TextChoices):
 
 class Attributed(models.Model):
     """The attribution an interval has and its records copy. Text, not foreign keys: a record
-    keeps naming the reservation or node after either is deleted or renamed."""
+    keeps naming the reservation or node after either is deleted or renamed. Database
+    defaults too, so a worker still running the previous release while this one deploys
+    writes shared rows rather than failing."""
 
     allocation = models.CharField(
-        max_length=16, choices=Allocation.choices, default=Allocation.SHARED
+        max_length=16,
+        choices=Allocation.choices,
+        default=Allocation.SHARED,
+        db_default=Allocation.SHARED,
     )
     commitment_id = models.CharField(
-        max_length=64, blank=True, help_text="Reserved: the reservation, reservation-<id>."
+        max_length=64,
+        blank=True,
+        db_default="",
+        help_text="Reserved: the reservation, reservation-<id>.",
     )
     commitment_name = models.CharField(
-        max_length=200, blank=True, help_text="Reserved: the reservation, <set>/<name>."
+        max_length=200,
+        blank=True,
+        db_default="",
+        help_text="Reserved: the reservation, <set>/<name>.",
     )
     borrowed_from = models.CharField(
-        max_length=64, blank=True, help_text="Borrowed: the reservation, reservation-<id>."
+        max_length=64,
+        blank=True,
+        db_default="",
+        help_text="Borrowed: the reservation, reservation-<id>.",
     )
     dedicated_node = models.CharField(
-        max_length=253, blank=True, help_text="Dedicated: the node's hostname."
+        max_length=253, blank=True, db_default="", help_text="Dedicated: the node's hostname."
     )
 
     class Meta:

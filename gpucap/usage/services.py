@@ -79,6 +79,24 @@ def usage_record(*, now: datetime | None = None) -> int:
     return made
 
 
+# What ``usage_reattribute`` reads to compare: the interval's attribution and what
+# ``attribution.vm_attribution`` reads of its VM (one query for every VM holding GPUs).
+ATTRIBUTION_READS = (
+    "vm_id",
+    "allocation",
+    "commitment_id",
+    "commitment_name",
+    "borrowed_from",
+    "dedicated_node",
+    "vm__tenant_id",
+    "vm__borrowed_from_id",
+    "vm__node__hostname",
+    "vm__node__dedicated_tenant_id",
+    "vm__reservation__name",
+    "vm__reservation__capacity_set__name",
+)
+
+
 def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> int:
     """End, at ``now``, the open interval of every VM (of ``vm_ids``; None: every VM holding
     GPUs) whose attribution changed since it opened, and open the next with the new one, so
@@ -89,8 +107,10 @@ def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> 
     whoever sets a VM's ``reservation`` or ``borrowed_from``. Idempotent, and safe run twice at
     once: one VM at a time under its row lock, the lock ``vm_transition`` takes, so neither a
     second run nor a VM letting its GPUs go meanwhile can leave two intervals open."""
-    open_intervals = UsageInterval.objects.filter(ended_at=None).select_related(
-        "vm__node", "vm__reservation__capacity_set"
+    open_intervals = (
+        UsageInterval.objects.filter(ended_at=None)
+        .select_related("vm__node", "vm__reservation__capacity_set")
+        .only(*ATTRIBUTION_READS)
     )
     if vm_ids is not None:
         open_intervals = open_intervals.filter(vm_id__in=list(vm_ids))

@@ -324,3 +324,19 @@ def test_the_migration_keeps_earlier_usage_shared(clock, place, tenant):
     assert set(UsageInterval.objects.values_list(*columns)) == {("shared", "", "", "", "")}
     assert set(UsageRecord.objects.values_list(*columns)) == {("shared", "", "", "", "")}
     assert UsageRecord.objects.count() == 2
+
+
+def test_the_beats_look_for_changes_is_one_query_however_many_vms_run(
+    clock, place, tenant, other_tenant, operator, fleet_east, django_assert_num_queries
+):
+    mine = reserve(tenant, fleet_east["sets"]["h100-east"], name="acme-block")
+    dedications.node_dedicate(node=fleet_east["nodes"]["h100-002"], tenant=tenant, actor=operator)
+    clock.set(at(9))
+    place(tenant, "h100-spot", "h100-001", [0], name="inside", reservation=mine)
+    place(tenant, "h100-spot", "h100-002", [0], name="own-node")
+    with django_assert_num_queries(1):
+        assert services.usage_reattribute(now=at(9, 30)) == 0
+    for n in range(1, 5):
+        place(tenant, "h100-spot", "h100-001", [n], name=f"more-{n}", reservation=mine)
+    with django_assert_num_queries(1):
+        assert services.usage_reattribute(now=at(9, 30)) == 0
