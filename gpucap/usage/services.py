@@ -106,7 +106,12 @@ def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> 
     node is dedicated or released and when a reservation is deleted (receivers), and by
     whoever sets a VM's ``reservation`` or ``borrowed_from``. Idempotent, and safe run twice at
     once: one VM at a time under its row lock, the lock ``vm_transition`` takes, so neither a
-    second run nor a VM letting its GPUs go meanwhile can leave two intervals open."""
+    second run nor a VM letting its GPUs go meanwhile can leave two intervals open.
+
+    An interval that began at or after ``now`` has counted no GPU time under the old
+    attribution: it is corrected in place rather than split. So flags written just after a
+    placement, reattributed with a moment taken just before ``vm_place``, give the VM one
+    interval with the right attribution. The split is never before what was already recorded."""
     open_intervals = (
         UsageInterval.objects.filter(ended_at=None)
         .select_related("vm__node", "vm__reservation__capacity_set")
@@ -138,7 +143,7 @@ def _reattribute_vm(*, vm_id: int, now: datetime) -> bool:
         return False
     # Never before what was already recorded or before the interval began: no second count.
     moment = max(now, interval.recorded_until or interval.started_at, interval.started_at)
-    if moment == interval.started_at:  # no GPU time counted yet: correct it in place
+    if moment == interval.started_at:  # no GPU time counted before now: correct it in place
         UsageInterval.objects.filter(pk=interval.pk).update(**attribution.fields())
         return True
     UsageInterval.objects.filter(pk=interval.pk, ended_at=None).update(ended_at=moment)

@@ -76,7 +76,7 @@ def test_attribution_is_dedicated_then_reserved_then_borrowed_then_shared(
     assert got == expected
 
 
-def test_a_vm_without_a_node_is_shared_or_reserved():
+def test_a_vm_with_no_node_is_never_dedicated():
     assert (
         attribute(
             tenant_id=1,
@@ -194,6 +194,47 @@ def test_a_flag_set_at_the_moment_the_vm_started_is_corrected_in_place(
 
     [only] = intervals(vm)
     assert (only.allocation, only.started_at, only.ended_at) == ("borrowed", at(9), None)
+
+
+def test_flags_written_after_the_placement_with_the_moment_before_it_give_one_interval(
+    clock, place, tenant, fleet_east
+):
+    mine = reserve(tenant, fleet_east["sets"]["h100-east"])
+    placed_at = clock.set(at(9))  # what a plan's apply notes before vm_place
+    clock.set(at(9, 0, 1))
+    vm = place(tenant, "h100-spot", "h100-001", [0], name="inside")
+    clock.set(at(9, 0, 2))
+    VirtualMachine.objects.filter(pk=vm.pk).update(reservation=mine)  # placement_flags_copy
+
+    assert services.usage_reattribute(vm_ids=[vm.pk], now=placed_at) == 1
+
+    [only] = intervals(vm)
+    assert (only.allocation, only.commitment_id, only.started_at) == (
+        "reserved",
+        f"reservation-{mine.pk}",
+        at(9, 0, 1),
+    )
+
+
+def test_a_split_is_never_before_what_was_already_recorded(
+    clock, place, tenant, other_tenant, fleet_east
+):
+    theirs = reserve(other_tenant, fleet_east["sets"]["h100-east"], name="globex-block")
+    clock.set(at(9, 30))
+    vm = place(tenant, "h100-spot", "h100-001", [0], name="spot")
+    services.usage_record(now=at(11, 5))  # recorded up to 11:00
+    VirtualMachine.objects.filter(pk=vm.pk).update(borrowed_from=theirs)
+
+    services.usage_reattribute(vm_ids=[vm.pk], now=at(10, 40))  # a late caller
+    clock.set(at(12))
+    stop(vm)
+    services.usage_record(now=at(12, 1))
+
+    assert [(i.allocation, i.started_at, i.ended_at) for i in intervals(vm)] == [
+        ("shared", at(9, 30), at(11)),
+        ("borrowed", at(11), at(12)),
+    ]
+    assert recorded_seconds(vm) == 150 * 60
 
 
 # --- dedicated ----------------------------------------------------------------------------------
