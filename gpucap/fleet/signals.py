@@ -17,3 +17,10 @@ capacity_set_changed = Signal()
 # to failed (the rest), releasing its GPUs. Sent inside the transaction that changed the
 # node's state. Arguments: ``node_id``, ``hostname``, ``message`` (the operator's words, or "").
 node_went_down = Signal()
+
+# A node was dedicated to a tenant or released to the shared pool (``node_set_dedicated_tenant``,
+# whether from the node's page, the API or the fleet file). Usage (``gpucap/usage/receivers.py``)
+# ends the usage intervals of the VMs there whose attribution changes (a tenant's own VMs become
+# or stop being "dedicated" GPU time) and opens the next. Sent inside the transaction that
+# changed the node. Argument: ``node_id``.
+node_dedication_changed = Signal()

@@ -1,7 +1,8 @@
 """REST API for usage (DESIGN.md section 9).
 
-- ``GET /api/usage/?since=YYYY-MM-DD&until=YYYY-MM-DD[&tenant=<slug>]`` streams the usage
-  rows of the period in the FOCUS columns (gpucap/usage/export.py; the README lists them) as
+- ``GET /api/usage/?since=YYYY-MM-DD&until=YYYY-MM-DD[&tenant=<slug>][&allocation=<a>]`` streams
+  the usage rows of the period (of one allocation: shared, reserved, borrowed or dedicated)
+  in the FOCUS columns (gpucap/usage/export.py; the README lists them) as
   ``{"meta": {...}, "records": [...]}``; ``&format=csv`` streams the same rows as CSV.
   Operators read every tenant's rows or one tenant's; a tenant member reads only their own
   tenants' rows, and another tenant's slug answers 404 as a tenant that does not exist would.
@@ -19,6 +20,7 @@ from gpucap.tenancy.models import Tenant
 from gpucap.usage import export
 from gpucap.usage.export import COLUMNS
 from gpucap.usage.forms import MAX_DAYS, period_between
+from gpucap.usage.models import Allocation
 
 # --- the query -----------------------------------------------------------------------------------
 
@@ -33,6 +35,11 @@ class UsageQuerySerializer(serializers.Serializer):
     )
     tenant = serializers.SlugField(
         required=False, help_text="A tenant's slug: only its rows. Default: every row you may see."
+    )
+    allocation = serializers.ChoiceField(
+        choices=Allocation.choices,
+        required=False,
+        help_text="Only GPU time of this allocation (x_Allocation). Default: all of it.",
     )
 
     def validate(self, data):
@@ -62,12 +69,26 @@ COLUMN_HELP = {
     "ServiceCategory": "Always Compute.",
     "ServiceName": "On-demand GPU VMs, Spot GPU VMs or Inference endpoints.",
     "SkuId": "<GPU model>/<pool kind>.",
+    "CommitmentDiscountId": "Reserved GPU time: the reservation, reservation-<id>; empty "
+    "otherwise.",
+    "CommitmentDiscountName": "Reserved GPU time: the reservation, <capacity set>/<name>; empty "
+    "otherwise.",
+    "CommitmentDiscountType": "Reservation for reserved GPU time; empty otherwise.",
+    "CommitmentDiscountCategory": "Usage (a number of GPUs kept) for reserved GPU time; empty "
+    "otherwise.",
+    "CommitmentDiscountStatus": "Used for reserved GPU time; empty otherwise.",
     "x_PoolName": "The pool's name.",
     "x_PoolKind": "on_demand, spot or inference.",
     "x_CapacitySet": "The pool's capacity set; empty for a standalone pool.",
     "x_GpuModel": "The GPU model.",
     "x_GpuCount": "GPUs the VM held.",
     "x_DeploymentSlug": "The inference deployment a replica serves; empty otherwise.",
+    "x_Allocation": "Whose capacity: dedicated (a node dedicated to the tenant), reserved (inside "
+    "the tenant's reservation), borrowed (capacity kept for another tenant's reservation) or "
+    "shared.",
+    "x_BorrowedFrom": "Borrowed GPU time: the reservation borrowed from, reservation-<id>; empty "
+    "otherwise.",
+    "x_DedicatedNode": "Dedicated GPU time: the node's hostname; empty otherwise.",
     "x_UsagePeriodStart": "Start of the usage period (USAGE_PERIOD_SECONDS) the piece is in.",
     "x_Final": "True once the piece can no longer grow (its period or its interval ended).",
 }
@@ -99,6 +120,9 @@ class UsageMetaSerializer(serializers.Serializer):
         child=serializers.CharField(),
         allow_null=True,
         help_text="The tenants whose rows these are; null: every tenant.",
+    )
+    allocation = serializers.CharField(
+        required=False, help_text="The allocation asked for; absent when every row is here."
     )
     generated_at = serializers.DateTimeField(help_text="Running VMs are counted up to here.")
     usage_period_seconds = serializers.IntegerField()
@@ -144,7 +168,8 @@ class UsageView(APIView):
             (200, "text/csv"): OpenApiTypes.STR,
             (400, "application/json"): OpenApiResponse(
                 ApiErrorSerializer,
-                description="Bad since or until, a period over 366 days, or an unknown tenant; "
+                description="Bad since or until, a period over 366 days, an unknown tenant or "
+                "allocation; "
                 "`fields` names each.",
             ),
             (404, "application/json"): OpenApiResponse(
@@ -154,9 +179,11 @@ class UsageView(APIView):
     )
     def get(self, request):
         """Every piece of GPU time in [since, until): one row per VM interval and usage period,
-        running VMs counted up to now (`x_Final` false). Bad dates, `until` not after `since`,
-        more than 366 days, or an unknown tenant: 400 naming the field. A tenant member sees
-        only their tenants' rows; another tenant's slug answers 404."""
+        running VMs counted up to now (`x_Final` false); `allocation` keeps only shared,
+        reserved, borrowed or dedicated GPU time (`x_Allocation`). Bad dates, `until` not
+        after `since`, more than 366 days, an unknown tenant or allocation: 400 naming the
+        field. A tenant member sees only their tenants' rows; another tenant's slug answers
+        404."""
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         tenants = _tenants(request.user, query.validated_data.get("tenant"))
@@ -164,6 +191,7 @@ class UsageView(APIView):
             request.accepted_renderer.format,
             query.validated_data["period"],
             tenants=tenants,
+            allocation=query.validated_data.get("allocation"),
             attachment=False,
         )
 

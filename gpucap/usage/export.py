@@ -16,6 +16,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from gpucap.usage import selectors
+from gpucap.usage.models import Allocation
 
 COLUMNS = [
     "x_RecordId",
@@ -34,12 +35,20 @@ COLUMNS = [
     "ServiceCategory",
     "ServiceName",
     "SkuId",
+    "CommitmentDiscountId",
+    "CommitmentDiscountName",
+    "CommitmentDiscountType",
+    "CommitmentDiscountCategory",
+    "CommitmentDiscountStatus",
     "x_PoolName",
     "x_PoolKind",
     "x_CapacitySet",
     "x_GpuModel",
     "x_GpuCount",
     "x_DeploymentSlug",
+    "x_Allocation",
+    "x_BorrowedFrom",
+    "x_DedicatedNode",
     "x_UsagePeriodStart",
     "x_Final",
 ]
@@ -76,14 +85,31 @@ def focus_row(row: dict) -> dict:
         "ServiceCategory": "Compute",
         "ServiceName": SERVICE_NAME[row["pool_kind"]],
         "SkuId": f"{row['gpu_model']}/{row['pool_kind']}",
+        **_commitment(row),
         "x_PoolName": row["pool_name"],
         "x_PoolKind": row["pool_kind"],
         "x_CapacitySet": row["capacity_set_name"] or "",
         "x_GpuModel": row["gpu_model"],
         "x_GpuCount": row["gpu_count"],
         "x_DeploymentSlug": row["deployment_slug"] or "",
+        "x_Allocation": row["allocation"],
+        "x_BorrowedFrom": row["borrowed_from"],
+        "x_DedicatedNode": row["dedicated_node"],
         "x_UsagePeriodStart": _utc(row["period_start"]),
         "x_Final": bool(row["final"]),
+    }
+
+
+def _commitment(row: dict) -> dict:
+    """FOCUS's commitment columns: GPU time inside a reservation used the tenant's commitment
+    (a reservation, paid for whether used or not); every other row leaves them empty."""
+    reserved = row["allocation"] == Allocation.RESERVED
+    return {
+        "CommitmentDiscountId": row["commitment_id"],
+        "CommitmentDiscountName": row["commitment_name"],
+        "CommitmentDiscountType": "Reservation" if reserved else "",
+        "CommitmentDiscountCategory": "Usage" if reserved else "",
+        "CommitmentDiscountStatus": "Used" if reserved else "",
     }
 
 
@@ -129,27 +155,31 @@ def _utc(moment: datetime) -> str:
 
 
 def export_response(
-    fmt: str, period, *, tenants: list | None, attachment: bool = True
+    fmt: str,
+    period,
+    *,
+    tenants: list | None,
+    allocation: str | None = None,
+    attachment: bool = True,
 ) -> StreamingHttpResponse:
-    """The rows of ``tenants`` (None: every tenant) in ``period`` as a streamed CSV or JSON
-    download named like ``gpucap-usage-acme-2026-11.csv``."""
+    """The rows of ``tenants`` (None: every tenant) in ``period`` (only GPU time of one
+    ``allocation`` if given) as a streamed CSV or JSON download named like
+    ``gpucap-usage-acme-2026-11.csv``."""
     now = timezone.now()
+    bounds = {"since": period.start, "until": period.end, "allocation": allocation, "now": now}
     if tenants is None:
-        rows = selectors.usage_rows(since=period.start, until=period.end, now=now)
+        rows = selectors.usage_rows(**bounds)
     elif len(tenants) == 1:
-        rows = selectors.usage_rows(
-            since=period.start, until=period.end, tenant_id=tenants[0].pk, now=now
-        )
+        rows = selectors.usage_rows(**bounds, tenant_id=tenants[0].pk)
     else:
-        rows = selectors.usage_rows_of_tenants(
-            since=period.start, until=period.end, tenant_ids=[t.pk for t in tenants], now=now
-        )
+        rows = selectors.usage_rows_of_tenants(**bounds, tenant_ids=[t.pk for t in tenants])
     if fmt == "csv":
         response = StreamingHttpResponse(csv_lines(rows), content_type="text/csv; charset=utf-8")
     else:
         meta = {
             **period.query(),
             "tenants": None if tenants is None else [tenant.slug for tenant in tenants],
+            **({"allocation": allocation} if allocation else {}),
             "generated_at": now.astimezone(UTC).isoformat().replace("+00:00", "Z"),
             "usage_period_seconds": settings.USAGE_PERIOD_SECONDS,
             "columns": COLUMNS,

@@ -7,13 +7,90 @@ period is over or its interval has ended), so a record never changes after it is
 ``record_id`` is the same in every export and every webhook delivery.
 """
 
+import operator
+from functools import reduce
+
 from django.db import models
 from django.db.models import F, Q
 
 from gpucap.tenancy.models import Tenant
 
 
-class UsageInterval(models.Model):
+class Allocation(models.TextChoices):
+    """Whose capacity GPU time was on (``gpucap.usage.attribution``): billing prices each
+    differently."""
+
+    SHARED = "shared", "Shared"
+    RESERVED = "reserved", "Reserved"
+    BORROWED = "borrowed", "Borrowed"
+    DEDICATED = "dedicated", "Dedicated"
+
+
+class Attributed(models.Model):
+    """The attribution an interval has and its records copy. Text, not foreign keys: a record
+    keeps naming the reservation or node after either is deleted or renamed. Database
+    defaults too, so a worker still running the previous release while this one deploys
+    writes shared rows rather than failing."""
+
+    allocation = models.CharField(
+        max_length=16,
+        choices=Allocation.choices,
+        default=Allocation.SHARED,
+        db_default=Allocation.SHARED,
+    )
+    commitment_id = models.CharField(
+        max_length=64,
+        blank=True,
+        db_default="",
+        help_text="Reserved: the reservation, reservation-<id>.",
+    )
+    commitment_name = models.CharField(
+        max_length=200,
+        blank=True,
+        db_default="",
+        help_text="Reserved: the reservation, <set>/<name>.",
+    )
+    borrowed_from = models.CharField(
+        max_length=64,
+        blank=True,
+        db_default="",
+        help_text="Borrowed: the reservation, reservation-<id>.",
+    )
+    dedicated_node = models.CharField(
+        max_length=253, blank=True, db_default="", help_text="Dedicated: the node's hostname."
+    )
+
+    class Meta:
+        abstract = True
+
+
+# What each allocation carries; every other commitment field is empty (a database check).
+CARRIES = {
+    Allocation.SHARED: (),
+    Allocation.RESERVED: ("commitment_id", "commitment_name"),
+    Allocation.BORROWED: ("borrowed_from",),
+    Allocation.DEDICATED: ("dedicated_node",),
+}
+COMMITMENT_FIELDS = ("commitment_id", "commitment_name", "borrowed_from", "dedicated_node")
+
+
+def attribution_constraint(prefix: str) -> models.CheckConstraint:
+    """Each allocation carries its commitment and nothing else (a shared row carries none)."""
+    cases = []
+    for allocation, carried in CARRIES.items():
+        case = Q(allocation=allocation)
+        for field in COMMITMENT_FIELDS:
+            case &= ~Q(**{field: ""}) if field in carried else Q(**{field: ""})
+        cases.append(case)
+    return models.CheckConstraint(
+        condition=reduce(operator.or_, cases), name=f"{prefix}_attribution_matches_allocation"
+    )
+
+
+class UsageInterval(Attributed):
+    """A span during which a VM held GPUs under one attribution: the lifecycle opens and closes
+    it (receivers), and ``services.usage_reattribute`` ends it where its attribution changes."""
+
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_intervals")
     vm = models.ForeignKey(
         "rentals.VirtualMachine", on_delete=models.PROTECT, related_name="usage_intervals"
@@ -48,13 +125,14 @@ class UsageInterval(models.Model):
                 condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
                 name="usage_ends_after_start",
             ),
+            attribution_constraint("usage_interval"),
         ]
 
     def __str__(self) -> str:
         return f"{self.vm} {self.gpu_count}x{self.gpu_model} from {self.started_at}"
 
 
-class UsageRecord(models.Model):
+class UsageRecord(Attributed):
     """One interval's GPU time within one period, final once made. ``id`` grows in the order
     records become visible (they are made under one advisory lock), so it is a safe cursor."""
 
@@ -97,6 +175,7 @@ class UsageRecord(models.Model):
                 condition=Q(ended_at__gt=F("started_at")) & Q(started_at__gte=F("period_start")),
                 name="usage_record_within_period",
             ),
+            attribution_constraint("usage_record"),
         ]
 
     def __str__(self) -> str:

@@ -19,7 +19,8 @@ PIECES_SQL = """
 SELECT 'iv' || i.id || '-' || to_char(p.period_start AT TIME ZONE 'UTC',
                                       'YYYYMMDD"T"HH24MISS"Z"') AS record_id,
        i.id AS interval_id, i.tenant_id, i.vm_id, vm.deployment_id, vm.pool_id,
-       i.pool_kind, i.gpu_model, i.gpu_count, p.period_start,
+       i.pool_kind, i.gpu_model, i.gpu_count, i.allocation, i.commitment_id, i.commitment_name,
+       i.borrowed_from, i.dedicated_node, p.period_start,
        greatest(i.started_at, p.period_start) AS started_at,
        least(coalesce(i.ended_at, %(now)s), p.period_start + %(period)s) AS ended_at,
        i.ended_at IS NOT NULL AND i.ended_at <= p.period_start + %(period)s

@@ -10,12 +10,13 @@ from django.utils import timezone
 
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.usage import pieces
-from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageRecord
+from gpucap.usage.models import Allocation, BillingDelivery, BillingWebhook, UsageRecord
 
 # A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment.
 USAGE_ROWS_SQL = """
 SELECT r.record_id, r.period_start, r.started_at, r.ended_at, r.final, r.gpu_seconds,
-       r.pool_kind, r.gpu_model, r.gpu_count, r.interval_id,
+       r.pool_kind, r.gpu_model, r.gpu_count, r.interval_id, r.allocation, r.commitment_id,
+       r.commitment_name, r.borrowed_from, r.dedicated_node,
        r.tenant_id, t.slug AS tenant_slug, t.name AS tenant_name,
        r.vm_id, vm.name AS vm_name, vm.role AS vm_role,
        pool.name AS pool_name, cluster.name AS cluster_name, cs.name AS capacity_set_name,
@@ -36,16 +37,24 @@ def usage_rows(
     since: datetime,
     until: datetime,
     tenant_id: int | None = None,
+    allocation: str | None = None,
     now: datetime | None = None,
 ) -> Iterator[dict]:
     """Every piece of GPU time in [since, until), one per interval and period, oldest first;
-    open intervals are counted up to ``now`` (``final`` is false on those rows). One query,
-    read in chunks from a server-side cursor so a month of a large fleet streams."""
+    open intervals are counted up to ``now`` (``final`` is false on those rows); only GPU time
+    of one ``allocation`` if given. One query, read in chunks from a server-side cursor so a
+    month of a large fleet streams."""
     now = now or timezone.now()
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
-    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=where))
-    params = pieces.params(now=now, since=since, until=until, tenant_id=tenant_id)
+    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=_of_allocation(where, allocation)))
+    params = pieces.params(
+        now=now, since=since, until=until, tenant_id=tenant_id, allocation=allocation
+    )
     yield from _stream(sql, params)
+
+
+def _of_allocation(where: str, allocation: str | None) -> str:
+    return where if allocation is None else f"{where} AND i.allocation = %(allocation)s"
 
 
 # Totals need no cut at period boundaries: each interval counts its part of [since, until).
@@ -86,13 +95,17 @@ def usage_rows_of_tenants(
     since: datetime,
     until: datetime,
     tenant_ids: list[int],
+    allocation: str | None = None,
     now: datetime | None = None,
 ) -> Iterator[dict]:
     """``usage_rows`` for several tenants at once (a member of more than one asking for all of
     theirs): the same rows, the same order, one streaming query."""
     now = now or timezone.now()
-    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where="i.tenant_id = ANY(%(tenant_ids)s)"))
-    params = pieces.params(now=now, since=since, until=until, tenant_ids=list(tenant_ids))
+    where = _of_allocation("i.tenant_id = ANY(%(tenant_ids)s)", allocation)
+    sql = USAGE_ROWS_SQL.format(rows=pieces.rows_sql(where=where))
+    params = pieces.params(
+        now=now, since=since, until=until, tenant_ids=list(tenant_ids), allocation=allocation
+    )
     yield from _stream(sql, params)
 
 
@@ -112,14 +125,16 @@ def _stream(sql: str, params: dict) -> Iterator[dict]:
 # start's UTC date is its day.
 BY_DAY_SQL = """
 SELECT (r.started_at AT TIME ZONE 'UTC')::date AS day, r.tenant_id, t.slug, t.name,
-       r.pool_kind, sum(r.gpu_seconds) AS gpu_seconds
+       r.pool_kind, r.allocation, sum(r.gpu_seconds) AS gpu_seconds
   FROM ({rows}) AS r
   JOIN tenancy_tenant t ON t.id = r.tenant_id
- GROUP BY 1, 2, 3, 4, 5
- ORDER BY 1, 4, 5
+ GROUP BY 1, 2, 3, 4, 5, 6
+ ORDER BY 1, 4, 5, 6
 """
 
 POOL_KINDS = ("on_demand", "spot", "inference")
+# The tenant's page shows its GPU-hours in this order: what it pays for first.
+ALLOCATIONS = ("dedicated", "reserved", "borrowed", "shared")
 
 
 @dataclass(frozen=True)
@@ -148,11 +163,17 @@ class UsageSummary:
     tenants: list[TenantUsage]
     daily_by_kind: dict[str, list[Decimal]]  # kind -> one value per day of ``days``
     daily_by_tenant: dict[str, list[Decimal]]  # tenant slug -> one value per day of ``days``
+    by_allocation: dict[str, Decimal]  # every allocation, 0 where none
 
     @property
     def kinds(self) -> list[tuple[str, str, Decimal]]:
         """(kind, its label, GPU-hours) for every pool kind."""
         return [(kind, Pool.Kind(kind).label, self.by_kind[kind]) for kind in POOL_KINDS]
+
+    @property
+    def allocations(self) -> list[tuple[str, str, Decimal]]:
+        """(allocation, its label, GPU-hours) for every allocation."""
+        return [(a, Allocation(a).label, self.by_allocation[a]) for a in ALLOCATIONS]
 
 
 def usage_summary(
@@ -163,7 +184,7 @@ def usage_summary(
     now: datetime | None = None,
 ) -> UsageSummary:
     """Everything the usage pages show about a period, from one query: GPU-seconds summed per
-    day, tenant and pool kind."""
+    day, tenant, pool kind and allocation."""
     now = now or timezone.now()
     where = "TRUE" if tenant_id is None else "i.tenant_id = %(tenant_id)s"
     sql = BY_DAY_SQL.format(rows=pieces.rows_sql(where=where))
@@ -176,12 +197,14 @@ def usage_summary(
     index = {day: n for n, day in enumerate(days)}
     zero = Decimal(0)
     by_kind = dict.fromkeys(POOL_KINDS, zero)
+    by_allocation = dict.fromkeys(ALLOCATIONS, zero)
     daily_by_kind = {kind: [zero] * len(days) for kind in POOL_KINDS}
     daily_by_tenant: dict[str, list[Decimal]] = {}
     tenants: dict[str, tuple[str, dict[str, Decimal]]] = {}
-    for day, _tenant_id, slug, name, kind, seconds in rows:
+    for day, _tenant_id, slug, name, kind, allocation, seconds in rows:
         hours = seconds / 3600
         by_kind[kind] += hours
+        by_allocation[allocation] += hours
         daily_by_kind[kind][index[day]] += hours
         daily_by_tenant.setdefault(slug, [zero] * len(days))[index[day]] += hours
         tenants.setdefault(slug, (name, dict.fromkeys(POOL_KINDS, zero)))[1][kind] += hours
@@ -201,6 +224,7 @@ def usage_summary(
         tenants=tenant_usage,
         daily_by_kind=daily_by_kind,
         daily_by_tenant=daily_by_tenant,
+        by_allocation=by_allocation,
     )
 
 

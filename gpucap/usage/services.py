@@ -1,11 +1,12 @@
-"""Changes to usage: making the records billing receives from the lifecycle's intervals, and
-pushing them to the billing webhook."""
+"""Changes to usage: ending intervals where their attribution changes, making the records
+billing receives from the lifecycle's intervals, and pushing them to the billing webhook."""
 
 import json
 import logging
 import random
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -20,8 +21,10 @@ from django.utils import timezone
 
 from gpucap import locks
 from gpucap.audit.services import Actor, audit_record
+from gpucap.rentals.models import VirtualMachine
 from gpucap.usage import export, pieces, webhook
-from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageRecord
+from gpucap.usage.attribution import interval_attribution, vm_attribution
+from gpucap.usage.models import BillingDelivery, BillingWebhook, UsageInterval, UsageRecord
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +35,11 @@ UNRECORDED = "(i.ended_at IS NULL OR i.recorded_until IS NULL OR i.recorded_unti
 INSERT_RECORDS_SQL = """
 INSERT INTO usage_usagerecord
        (record_id, interval_id, tenant_id, vm_id, deployment_id, pool_id, pool_kind, gpu_model,
-        gpu_count, period_start, started_at, ended_at, gpu_seconds, created_at)
+        gpu_count, period_start, started_at, ended_at, gpu_seconds, allocation, commitment_id,
+        commitment_name, borrowed_from, dedicated_node, created_at)
 SELECT record_id, interval_id, tenant_id, vm_id, deployment_id, pool_id, pool_kind, gpu_model,
-       gpu_count, period_start, started_at, ended_at, gpu_seconds, %(now)s
+       gpu_count, period_start, started_at, ended_at, gpu_seconds, allocation, commitment_id,
+       commitment_name, borrowed_from, dedicated_node, %(now)s
   FROM ({rows}) AS rows
  ORDER BY period_start, interval_id
     ON CONFLICT (interval_id, period_start) DO NOTHING
@@ -72,6 +77,86 @@ def usage_record(*, now: datetime | None = None) -> int:
         made = cursor.rowcount
         cursor.execute(MARK_RECORDED_SQL, params)
     return made
+
+
+# What ``usage_reattribute`` reads to compare: the interval's attribution and what
+# ``attribution.vm_attribution`` reads of its VM (one query for every VM holding GPUs).
+ATTRIBUTION_READS = (
+    "vm_id",
+    "allocation",
+    "commitment_id",
+    "commitment_name",
+    "borrowed_from",
+    "dedicated_node",
+    "vm__tenant_id",
+    "vm__borrowed_from_id",
+    "vm__node__hostname",
+    "vm__node__dedicated_tenant_id",
+    "vm__reservation__name",
+    "vm__reservation__capacity_set__name",
+)
+
+
+def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> int:
+    """End, at ``now``, the open interval of every VM (of ``vm_ids``; None: every VM holding
+    GPUs) whose attribution changed since it opened, and open the next with the new one, so
+    GPU time is never counted twice nor lost. Returns how many VMs changed.
+
+    Called by the usage beat (a change nobody reported is picked up within a minute), when a
+    node is dedicated or released and when a reservation is deleted (receivers), and by
+    whoever sets a VM's ``reservation`` or ``borrowed_from``. Idempotent, and safe run twice at
+    once: one VM at a time under its row lock, the lock ``vm_transition`` takes, so neither a
+    second run nor a VM letting its GPUs go meanwhile can leave two intervals open.
+
+    An interval that began at or after ``now`` has counted no GPU time under the old
+    attribution: it is corrected in place rather than split. So flags written just after a
+    placement, reattributed with a moment taken just before ``vm_place``, give the VM one
+    interval with the right attribution. The split is never before what was already recorded."""
+    open_intervals = (
+        UsageInterval.objects.filter(ended_at=None)
+        .select_related("vm__node", "vm__reservation__capacity_set")
+        .only(*ATTRIBUTION_READS)
+    )
+    if vm_ids is not None:
+        open_intervals = open_intervals.filter(vm_id__in=list(vm_ids))
+    changed = [
+        interval.vm_id
+        for interval in open_intervals
+        if vm_attribution(interval.vm) != interval_attribution(interval)
+    ]
+    return sum(_reattribute_vm(vm_id=vm_id, now=now) for vm_id in sorted(changed))
+
+
+@transaction.atomic
+def _reattribute_vm(*, vm_id: int, now: datetime) -> bool:
+    vm = (
+        VirtualMachine.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("node", "reservation__capacity_set")
+        .filter(pk=vm_id)
+        .first()
+    )
+    interval = UsageInterval.objects.filter(vm_id=vm_id, ended_at=None).first()
+    if vm is None or interval is None:  # the VM let its GPUs go meanwhile
+        return False
+    attribution = vm_attribution(vm)
+    if attribution == interval_attribution(interval):  # another run got here first
+        return False
+    # Never before what was already recorded or before the interval began: no second count.
+    moment = max(now, interval.recorded_until or interval.started_at, interval.started_at)
+    if moment == interval.started_at:  # no GPU time counted before now: correct it in place
+        UsageInterval.objects.filter(pk=interval.pk).update(**attribution.fields())
+        return True
+    UsageInterval.objects.filter(pk=interval.pk, ended_at=None).update(ended_at=moment)
+    UsageInterval.objects.create(
+        tenant_id=interval.tenant_id,
+        vm_id=vm_id,
+        pool_kind=interval.pool_kind,
+        gpu_model=interval.gpu_model,
+        gpu_count=interval.gpu_count,
+        started_at=moment,
+        **attribution.fields(),
+    )
+    return True
 
 
 # --- billing webhook ----------------------------------------------------------------------------
@@ -305,6 +390,7 @@ def _usage_row(record: UsageRecord) -> dict:
         "cluster_name": pool.cluster.name,
         "capacity_set_name": pool.capacity_set.name if pool.capacity_set_id else None,
         "deployment_slug": record.deployment.slug if record.deployment_id else None,
+        **interval_attribution(record).fields(),
     }
 
 

@@ -1,12 +1,16 @@
 from celery import shared_task
+from django.utils import timezone
 
 from gpucap.usage import services
 
 
 @shared_task(name="usage.record")
 def record() -> int:
-    """Make the usage records whose periods or intervals have ended (beat, every minute)."""
-    return services.usage_record()
+    """End intervals whose attribution changed, then make the usage records whose periods or
+    intervals have ended (beat, every minute)."""
+    now = timezone.now()
+    services.usage_reattribute(now=now)
+    return services.usage_record(now=now)
 
 
 @shared_task(name="usage.billing_push")

@@ -6,7 +6,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from gpucap.allocation.models import Reservation
 from gpucap.rentals import services
+from gpucap.rentals.models import VirtualMachine
 from tests.rentals.vm_helpers import grant_pools, request_vm
 
 
@@ -47,5 +49,26 @@ def run_vm(fleet_east):
         vm = request_vm(tenant, fleet_east["pools"][pool], name=name, gpu_count=len(gpus))
         vm = services.vm_place(vm=vm, node=fleet_east["nodes"][node], gpu_indices=gpus)
         return services.vm_mark_running(vm=vm, ip_address="10.0.0.7")
+
+    return run
+
+
+def reserve(tenant, capacity_set, *, name: str = "train-block", gpus: int = 8) -> Reservation:
+    """A reservation of whole 8-GPU blocks, in force at all times."""
+    return Reservation.objects.create(
+        tenant=tenant, capacity_set=capacity_set, name=name, gpus=gpus, block_gpus=8, always=True
+    )
+
+
+@pytest.fixture
+def place(fleet_east, pools):
+    """``place(tenant, pool, node, gpus, name=..., reservation=..., borrowed_from=...)``: a VM
+    running at the clock, its flags written as a plan writes them, before it is placed."""
+
+    def run(tenant, pool: str, node: str, gpus: list[int], *, name: str, **flags):
+        vm = request_vm(tenant, fleet_east["pools"][pool], name=name, gpu_count=len(gpus))
+        VirtualMachine.objects.filter(pk=vm.pk).update(**flags)
+        vm = services.vm_place(vm=vm, node=fleet_east["nodes"][node], gpu_indices=gpus)
+        return services.vm_mark_running(vm=vm, ip_address="10.0.0.9")
 
     return run

@@ -147,7 +147,13 @@ def test_the_endpoint_is_in_the_openapi_schema_with_both_formats(anonymous_api, 
     schema = yaml.safe_load(anonymous_api.get("/api/schema/").content)
     operation = schema["paths"]["/api/usage/"]["get"]
 
-    assert {p["name"] for p in operation["parameters"]} == {"since", "until", "tenant", "format"}
+    assert {p["name"] for p in operation["parameters"]} == {
+        "since",
+        "until",
+        "tenant",
+        "allocation",
+        "format",
+    }
     assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/csv"}
     assert operation["responses"]["400"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ApiError"

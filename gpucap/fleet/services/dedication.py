@@ -7,6 +7,7 @@ from django.db import transaction
 from gpucap.audit.services import Actor, audit_record
 from gpucap.fleet.models import Node
 from gpucap.fleet.services._common import capacity_set_bump
+from gpucap.fleet.signals import node_dedication_changed
 from gpucap.tasks import enqueue_on_commit
 from gpucap.tenancy.models import Tenant
 
@@ -16,7 +17,8 @@ def node_set_dedicated_tenant(*, node: Node, tenant: Tenant | None, actor: Actor
     """Dedicate ``node`` (as loaded: its ``dedicated_tenant_id`` is the value expected) to
     ``tenant``, or make it shared again (None). A conditional update: returns whether this call
     changed it; a node someone changed meanwhile is left alone. Bumps the set's generation, or
-    for a standalone node runs its cluster's standalone placement again."""
+    for a standalone node runs its cluster's standalone placement again, and tells the apps
+    that follow it (``node_dedication_changed``: usage re-attributes the VMs there)."""
     before = node.dedicated_tenant_id
     after = tenant.pk if tenant is not None else None
     if before == after:
@@ -28,6 +30,7 @@ def node_set_dedicated_tenant(*, node: Node, tenant: Tenant | None, actor: Actor
         return False
     old = Tenant.objects.filter(pk=before).values_list("slug", flat=True).first()
     node.dedicated_tenant = tenant
+    node_dedication_changed.send(sender=Node, node_id=node.pk)
     if node.capacity_set_id is not None:
         capacity_set_bump(capacity_set_id=node.capacity_set_id)
     else:
