@@ -121,11 +121,14 @@ def reservation_delete(
 @transaction.atomic
 def reservations_boundary(*, capacity_set_id: int, now: datetime) -> int:
     """A reservation of the set came into or went out of force: plan the set again, clear
-    the borrowed flags of reservations no longer in force, and wait for the next boundary.
-    Returns how many VMs stopped borrowing. Harmless twice."""
+    the flags of reservations no longer in force (their borrowers borrow no more, and the VMs
+    placed inside one are no longer inside it: the usage beat prices their GPU time as shared
+    from then on), and wait for the next boundary. Returns how many VMs stopped borrowing.
+    Harmless twice."""
     rows = list(Reservation.objects.filter(capacity_set_id=capacity_set_id))
     ended = [row.pk for row in rows if not reservation_in_force(row, now)]
     cleared = _vms().objects.filter(borrowed_from_id__in=ended).update(borrowed_from=None)
+    _vms().objects.filter(reservation_id__in=ended).update(reservation=None)
     fleet.capacity_set_bump(capacity_set_id=capacity_set_id)
     following = set_next_reservation_change(capacity_set_id, now)
     if following is not None:

@@ -125,6 +125,12 @@ class PlanReservationSerializer(serializers.Serializer):
         help_text="Instance ids of the VMs a claim of all of it would give notices.",
     )
     claim_complete = serializers.BooleanField(read_only=True)
+    short_gpus = serializers.IntegerField(
+        read_only=True,
+        default=0,
+        help_text="GPUs of it the set's ready shared GPUs cannot hold now (a node down, "
+        "cordoned or dedicated): 0 when it is whole.",
+    )
 
 
 class PlanSerializer(serializers.ModelSerializer):

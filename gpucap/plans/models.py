@@ -47,7 +47,8 @@ class Plan(models.Model):
     # Each reservation of the set in force, as the arbiter reported it: [{"id" (the
     # Reservation's id, as text), "tenant", "gpus", "block_gpus", "held_before", "held_after",
     # "kept_gpus", "borrowed" (VM instance ids), "claim_reclaims" (instance ids of the VMs its
-    # tenant's claim would give notices), "claim_complete"}] (gpucap/plans/reservations.py).
+    # tenant's claim would give notices), "claim_complete", "short_gpus"}]
+    # (gpucap/plans/reservations.py).
     reservations = models.JSONField(default=list, blank=True)
     # What the plan does, as a stable digest: two plans with the same digest act the same.
     digest = models.CharField(max_length=64)

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import datetime
+
+from django.utils import timezone
 
 from gpucap.allocation.models import Reservation
 from gpucap.allocation.selectors import reservation_in_force
@@ -25,6 +28,7 @@ from gpucap.arbiter import model as am
 from gpucap.fleet.models import CapacitySet
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.services import HOLDING
+from gpucap.usage.services import usage_reattribute
 
 REPORT_FIELDS = (
     "id",
@@ -37,6 +41,7 @@ REPORT_FIELDS = (
     "borrowed",
     "claim_reclaims",
     "claim_complete",
+    "short_gpus",
 )
 
 
@@ -110,12 +115,21 @@ def borrowed_flags_write(capacity_set: CapacitySet, reports: list[dict]) -> int:
         .exclude(pk__in=listed)
         .update(borrowed_from=None)
     )
+    if changed:  # the borrowers' GPU time from now on is priced as borrowed, or no longer
+        usage_reattribute(
+            vm_ids=VirtualMachine.objects.filter(pool__capacity_set=capacity_set).values_list(
+                "pk", flat=True
+            ),
+            now=timezone.now(),
+        )
     return changed
 
 
-def placement_flags_copy(vm: VirtualMachine, action) -> None:
-    """Give a VM just placed the placement's reservation and borrowed flags (one UPDATE, only
-    when they differ from what the VM has)."""
+def placement_flags_copy(vm: VirtualMachine, action, *, placed_at: datetime) -> None:
+    """Give a VM just placed (at ``placed_at``, read before placing it) the placement's
+    reservation and borrowed flags (one UPDATE, only when they differ from what the VM has),
+    and its usage interval the attribution they give: the interval opened at the placement is
+    corrected in place, not split."""
     wanted = (action.reservation_id, action.borrowed_from_id)
     if (vm.reservation_id, vm.borrowed_from_id) == wanted:
         return
@@ -123,6 +137,7 @@ def placement_flags_copy(vm: VirtualMachine, action) -> None:
         reservation_id=wanted[0], borrowed_from_id=wanted[1]
     )
     vm.reservation_id, vm.borrowed_from_id = wanted
+    usage_reattribute(vm_ids=[vm.pk], now=placed_at)
 
 
 def placement_reservation_ids(placement: am.Placement) -> tuple[int | None, int | None]:

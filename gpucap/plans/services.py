@@ -506,6 +506,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
         if leaving[action.node_id] & set(action.gpus):
             _progress(action, Progress.WAITING, "waits for its victims to stop")
             continue
+        placed_at = timezone.now()
         rentals.vm_place(
             vm=action.vm,
             node=action.node,
@@ -513,7 +514,7 @@ def _apply(plan: Plan, *, actor: Actor) -> None:
             actor=actor,
             message=f"plan {plan.pk}: {action.reason}",
         )
-        placement_flags_copy(action.vm, action)
+        placement_flags_copy(action.vm, action, placed_at=placed_at)
         _progress(action, Progress.DONE)
     kill_point("plans.apply:placements-recorded")
 
@@ -592,13 +593,14 @@ def placements_complete(*, capacity_set: CapacitySet) -> list[int]:
         try:
             with transaction.atomic():
                 kill_point_on_commit("plans.placements:placed")  # before vm_place's tasks
+                placed_at = timezone.now()
                 rentals.vm_place(
                     vm=vm,
                     node=action.node,
                     gpu_indices=action.gpus,
                     message=f"plan {action.plan_id}: GPUs freed by its notices",
                 )
-                placement_flags_copy(vm, action)
+                placement_flags_copy(vm, action, placed_at=placed_at)
         except (Conflict, ValidationError) as exc:
             reason = exc.message if isinstance(exc, Conflict) else "; ".join(exc.messages)
             _progress(action, Progress.MISSED, reason)

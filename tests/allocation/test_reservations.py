@@ -171,22 +171,29 @@ def test_updating_checks_the_whole_and_switches_between_always_and_a_window(rese
     assert AuditEvent.objects.filter(verb="reservation.update").count() == 2
 
 
-def test_a_boundary_clears_what_borrowed_from_an_ended_reservation(
+def test_a_boundary_clears_what_borrowed_from_or_sat_inside_an_ended_reservation(
     reserve, fleet_east, other_tenant
 ):
     day = reserve(name="day", gpus=8, **DAY_SHIFT)
     pools, nodes = fleet_east["pools"], fleet_east["nodes"]
-    fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[other_tenant])
+    fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[other_tenant, day.tenant])
     spot = running_vm(
         other_tenant, pools["h100-spot"], nodes["h100-001"], [0], name="s-1", ip="10.50.0.9"
     )
     VirtualMachine.objects.filter(pk=spot.pk).update(borrowed_from=day)
+    inside = running_vm(
+        day.tenant, pools["h100-spot"], nodes["h100-002"], [0], name="a-1", ip="10.50.0.10"
+    )
+    VirtualMachine.objects.filter(pk=inside.pk).update(reservation=day)
     h100 = fleet_east["sets"]["h100-east"]
     assert allocation.reservations_boundary(capacity_set_id=h100.pk, now=MONDAY) == 0
+    assert VirtualMachine.objects.get(pk=inside.pk).reservation == day
     evening = datetime(2026, 12, 7, 21, 0, tzinfo=UTC)
     generation = CapacitySet.objects.get(pk=h100.pk).generation
     assert allocation.reservations_boundary(capacity_set_id=h100.pk, now=evening) == 1
     assert VirtualMachine.objects.get(pk=spot.pk).borrowed_from is None
+    # Its tenant's VM placed inside it is no longer inside it: its time is shared from now on.
+    assert VirtualMachine.objects.get(pk=inside.pk).reservation is None
     assert CapacitySet.objects.get(pk=h100.pk).generation == generation + 1
 
 

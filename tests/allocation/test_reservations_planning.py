@@ -18,6 +18,7 @@ from gpucap.plans.reservation_feed import borrowed_flags_write
 from gpucap.plans.reservations import reservation_preview
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
+from gpucap.usage.models import UsageInterval
 from tests.rentals.vm_helpers import request_vm, running_vm
 
 State = VirtualMachine.State
@@ -103,6 +104,12 @@ def test_acme_claims_its_reservation_from_globex_s_borrowing_spot_vms(
     )
     services.capacity_set_tick(capacity_set_id=h100.pk)
     assert _borrowing(reservation) == {f"batch-{n}" for n in range(1, 5)}
+    # From the plan that flags them on, their GPU time is priced as borrowed.
+    open_intervals = UsageInterval.objects.filter(vm__in=globex_spots, ended_at__isnull=True)
+    assert (
+        list(open_intervals.values_list("allocation", "borrowed_from"))
+        == [("borrowed", f"reservation-{reservation.pk}")] * 4
+    )
     [row] = operator_api.get("/api/reservations/").json()["results"]
     assert (row["borrowed_vms"], row["borrowed_gpus"], row["claim_reclaim_count"]) == (4, 16, 4)
 
