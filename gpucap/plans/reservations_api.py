@@ -48,6 +48,7 @@ class ReservationFilter(FilterSet):
 class BorrowerSerializer(serializers.Serializer):
     vm_name = serializers.CharField()
     tenant = serializers.CharField(help_text="The borrowing VM's tenant's slug.")
+    node = serializers.CharField(allow_null=True, help_text="The node it runs on.")
     gpus = serializers.IntegerField()
 
 
@@ -80,6 +81,9 @@ class ReservationSerializer(serializers.ModelSerializer):
     )
     held_gpus = serializers.SerializerMethodField(
         help_text="GPUs of the tenant's VMs placed inside the reservation now."
+    )
+    kept_gpus = serializers.SerializerMethodField(
+        help_text="GPUs the set's latest plan kept for it (free or borrowed); null: no plan yet."
     )
     borrowed_vms = serializers.SerializerMethodField(help_text="How many VMs borrow from it.")
     borrowed_gpus = serializers.SerializerMethodField()
@@ -114,6 +118,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "in_force",
             "next_change",
             "held_gpus",
+            "kept_gpus",
             "borrowed_vms",
             "borrowed_gpus",
             "borrowed",
@@ -145,6 +150,10 @@ class ReservationSerializer(serializers.ModelSerializer):
 
     def get_held_gpus(self, row) -> int:
         return self._facts(row).held_gpus
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_kept_gpus(self, row):
+        return self._facts(row).kept_gpus
 
     def get_borrowed_vms(self, row) -> int:
         return len(self._facts(row).borrowed)
