@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from gpucap.allocation.models import Reservation
 from gpucap.allocation.selectors import reservation_in_force
-from gpucap.arbiter import codec
 from gpucap.arbiter import model as am
 from gpucap.fleet.models import CapacitySet
 from gpucap.rentals.models import VirtualMachine
@@ -54,28 +53,26 @@ def with_reservations(
     proposed: tuple[str, Reservation] | None = None,
 ) -> am.Snapshot:
     """``snapshot`` with ``rows`` in force and the VMs of ``borrowed`` (instance id ->
-    reservation id) flagged, in the arbiter's JSON contract. A flag naming a reservation not in
+    reservation id) flagged (docs/arbiter.md, "Reservations"). A flag naming a reservation not in
     force is left out (the boundary clears it). ``proposed``: one more, unsaved, under its own
     id (the preview's)."""
     named = [(str(row.pk), row) for row in rows]
     if proposed is not None:
         named.append(proposed)
-    entries = [
-        {"id": key, "tenant": row.tenant.slug, "gpus": row.gpus, "block_gpus": row.block_gpus}
-        for key, row in named
-    ]
-    if not entries:
+    if not named:
         return snapshot
-    ids = {entry["id"] for entry in entries}
-    data = codec.snapshot_to_dict(snapshot)
-    data["reservations"] = entries
-    for vm in data["vms"]:
-        reservation = borrowed.get(vm["id"])
-        if reservation is not None and str(reservation) in ids:
-            vm["borrowed"] = str(reservation)
-    # The arbiter's own reader: the contract between the two is the JSON form (times keep
-    # their microseconds there); a set with no reservation in force never takes this path.
-    return replace(codec.snapshot_from_dict(data), now=snapshot.now)
+    reservations = tuple(
+        am.Reservation(id=key, tenant=row.tenant.slug, gpus=row.gpus, block_gpus=row.block_gpus)
+        for key, row in named
+    )
+    ids = {reservation.id for reservation in reservations}
+    vms = tuple(
+        replace(vm, borrowed=str(borrowed[vm.id]))
+        if vm.id in borrowed and str(borrowed[vm.id]) in ids
+        else vm
+        for vm in snapshot.vms
+    )
+    return replace(snapshot, reservations=reservations, vms=vms)
 
 
 def plan_reports(result: am.Plan) -> list[dict]:
@@ -85,7 +82,7 @@ def plan_reports(result: am.Plan) -> list[dict]:
             key: list(value) if isinstance(value, tuple) else value
             for key, value in ((key, getattr(report, key)) for key in REPORT_FIELDS)
         }
-        for report in getattr(result, "reservations", ())
+        for report in result.reservations
     ]
 
 
@@ -126,8 +123,8 @@ def placement_flags_copy(vm: VirtualMachine, action) -> None:
 def placement_reservation_ids(placement: am.Placement) -> tuple[int | None, int | None]:
     """(reservation id, borrowed-from id) of a placement, as the plan's line keeps them."""
     return (
-        _reservation_pk(getattr(placement, "reservation", None)),
-        _reservation_pk(getattr(placement, "borrowed", None)),
+        _reservation_pk(placement.reservation),
+        _reservation_pk(placement.borrowed),
     )
 
 

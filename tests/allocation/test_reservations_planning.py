@@ -60,6 +60,7 @@ def _borrowing(reservation) -> set[str]:
 def test_the_preview_names_the_spot_vms_a_claim_would_reclaim_and_changes_nothing(
     h100, tenant, globex_spots, operator_api
 ):
+    h100.refresh_from_db()
     before = (h100.generation, Plan.objects.count(), InterruptionNotice.objects.count())
     body = {"tenant": "acme", "capacity_set": h100.pk, **RESERVE}
     response = operator_api.post("/api/reservations/", body, format="json")
@@ -70,7 +71,9 @@ def test_the_preview_names_the_spot_vms_a_claim_would_reclaim_and_changes_nothin
         f"batch-{n}" for n in range(1, 5)
     }
     assert {vm["tenant"] for vm in preview["claim_reclaims"]} == {"globex"}
-    assert preview["claim_complete"] is True and preview["kept_gpus"] == 16
+    # Nothing is free to keep: globex's spot VMs would borrow all 16 GPUs.
+    assert preview["claim_complete"] is True and preview["kept_gpus"] == 0
+    assert {vm["vm_name"] for vm in preview["borrowed"]} == {f"batch-{n}" for n in range(1, 5)}
     h100.refresh_from_db()
     assert not Reservation.objects.exists()
     after = (h100.generation, Plan.objects.count(), InterruptionNotice.objects.count())
