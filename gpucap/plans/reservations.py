@@ -41,7 +41,7 @@ class ReservationFacts:
     in_force: bool
     next_change: datetime | None
     held_gpus: int
-    kept_gpus: int | None = None  # kept for it by the set's latest plan; None: no plan yet
+    kept_gpus: int | None = None  # kept free by the latest plan; None: not planned yet
     borrowed: list[dict] = field(default_factory=list)  # {vm_name, tenant, node, gpus}
     claim_reclaims: list[dict] = field(default_factory=list)  # {vm, vm_name, tenant, pool, ...}
 

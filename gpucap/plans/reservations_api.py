@@ -83,7 +83,8 @@ class ReservationSerializer(serializers.ModelSerializer):
         help_text="GPUs of the tenant's VMs placed inside the reservation now."
     )
     kept_gpus = serializers.SerializerMethodField(
-        help_text="GPUs the set's latest plan kept for it (free or borrowed); null: no plan yet."
+        help_text="GPUs the set's latest plan kept free for it (neither its tenant's nor lent); "
+        "null: not planned since it was made."
     )
     borrowed_vms = serializers.SerializerMethodField(help_text="How many VMs borrow from it.")
     borrowed_gpus = serializers.SerializerMethodField()

@@ -84,7 +84,7 @@ def test_the_preview_names_who_would_get_notices_and_changes_nothing(
     assert response.status_code == 200
     body = response.content.decode()
     assert "a preview: nothing is stored" in body
-    assert "In force at once: 8 of its 16 GPUs kept for acme now" in body
+    assert "In force at once: 8 of its 16 GPUs kept free for acme now" in body
     assert "would get notices (120 s, the set's notice period) when acme claims it" in body
     assert "globex-batch" in body and "acme could claim all of it, with those notices." in body
     assert 'name="approve"' in body
