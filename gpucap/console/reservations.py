@@ -79,7 +79,8 @@ class ReservationForm(ServiceErrorsMixin, forms.Form):
     )
 
     def __init__(self, data=None, *, capacity_set: CapacitySet) -> None:
-        super().__init__(data)
+        # Its own ids: the set page holds the schedule's form too, with fields of these names.
+        super().__init__(data, auto_id="reservation_%s")
         sizes = block_sizes(capacity_set.fabric)
         self.fields["block_gpus"].choices = [(size, f"{size} GPUs") for size in sizes]
         self.fields["block_gpus"].initial = sizes[-1]

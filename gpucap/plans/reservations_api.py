@@ -152,7 +152,7 @@ class ReservationSerializer(serializers.ModelSerializer):
     def get_held_gpus(self, row) -> int:
         return self._facts(row).held_gpus
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_kept_gpus(self, row):
         return self._facts(row).kept_gpus
 

@@ -126,7 +126,7 @@ def _refused(operator_client, data: dict, field: str) -> str:
     response = operator_client.post(ADD, data, headers=HTMX)
     assert response.status_code == 400
     body = response.content.decode()
-    assert f'id="id_{field}-error"' in body, body
+    assert f'id="reservation_{field}-error"' in body, body
     assert not Reservation.objects.exists()
     return body
 
@@ -158,7 +158,7 @@ def test_an_overlapping_window_of_the_same_tenant_is_refused(
     )
     assert response.status_code == 400
     body = response.content.decode()
-    assert 'id="id_when-error"' in body and "a tenant has one reservation in force" in body
+    assert 'id="reservation_when-error"' in body and "a tenant has one reservation in force" in body
     assert Reservation.objects.count() == 1
 
 

@@ -77,7 +77,7 @@ def test_the_operator_reserves_gpus_and_acme_s_request_lands_inside(
     form = _form(page)
     form.locator("input[name=gpus]").fill("24")
     form.locator("button[type=submit]").click()
-    expect(page.locator("#id_gpus-error")).to_contain_text(
+    expect(page.locator("#reservation_gpus-error")).to_contain_text(
         "24 GPUs is more than capacity set h100-east has: 16 GPUs"
     )
     screenshot(page, "reservation-form-error")
