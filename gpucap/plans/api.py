@@ -98,10 +98,33 @@ class PlanActionSerializer(serializers.ModelSerializer):
             "running_since",
             "reason",
             "waits_until",
+            "reservation",
+            "borrowed_from",
             "progress",
             "progress_message",
         ]
         read_only_fields = fields
+
+
+class PlanReservationSerializer(serializers.Serializer):
+    """A reservation in force after the plan, as the arbiter reported it (docs/allocation.md)."""
+
+    id = serializers.CharField(read_only=True, help_text="The reservation's id, as text.")
+    tenant = serializers.CharField(read_only=True)
+    gpus = serializers.IntegerField(read_only=True)
+    block_gpus = serializers.IntegerField(read_only=True)
+    held_before = serializers.IntegerField(read_only=True)
+    held_after = serializers.IntegerField(read_only=True)
+    kept_gpus = serializers.IntegerField(read_only=True, help_text="Kept blocks still free.")
+    borrowed = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="Borrowing VMs' instance ids."
+    )
+    claim_reclaims = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Instance ids of the VMs a claim of all of it would give notices.",
+    )
+    claim_complete = serializers.BooleanField(read_only=True)
 
 
 class PlanSerializer(serializers.ModelSerializer):
@@ -154,8 +177,12 @@ class PlanDetailSerializer(PlanSerializer):
         help_text="Placements, then preemptions, then unsatisfied demands, each in plan order.",
     )
 
+    reservations = PlanReservationSerializer(
+        many=True, read_only=True, help_text="Each reservation in force: held, kept, borrowed."
+    )
+
     class Meta(PlanSerializer.Meta):
-        fields = [*PlanSerializer.Meta.fields, "actions"]
+        fields = [*PlanSerializer.Meta.fields, "reservations", "actions"]
         read_only_fields = fields
 
 

@@ -24,6 +24,7 @@ from gpucap.allocation.selectors import reservation_in_force
 from gpucap.arbiter import model as am
 from gpucap.fleet.models import CapacitySet
 from gpucap.rentals.models import VirtualMachine
+from gpucap.rentals.services import HOLDING
 
 REPORT_FIELDS = (
     "id",
@@ -87,8 +88,10 @@ def plan_reports(result: am.Plan) -> list[dict]:
 
 
 def borrowed_flags_write(capacity_set: CapacitySet, reports: list[dict]) -> int:
-    """Flag the VMs each report lists as borrowing, and clear the flag of the set's VMs no
-    report lists. Returns how many rows changed (0 when the plan was made before)."""
+    """Flag the VMs each report lists as borrowing that hold GPUs now (a pending VM the plan
+    would place borrowing gets its flag from the placement, once placed), and clear the flag
+    of the set's VMs no report lists. Returns how many rows changed (0 when the plan was made
+    before)."""
     changed = 0
     listed: set[int] = set()
     for report in reports:
@@ -96,7 +99,9 @@ def borrowed_flags_write(capacity_set: CapacitySet, reports: list[dict]) -> int:
         pks = {pk for pk in map(vm_pk, report["borrowed"]) if pk is not None}
         listed |= pks
         changed += (
-            VirtualMachine.objects.filter(pk__in=pks, pool__capacity_set=capacity_set)
+            VirtualMachine.objects.filter(
+                pk__in=pks, pool__capacity_set=capacity_set, state__in=HOLDING
+            )
             .exclude(borrowed_from_id=reservation_id)
             .update(borrowed_from_id=reservation_id)
         )

@@ -17,7 +17,6 @@ Bad input is a 400 naming the field (the services' words) and changes nothing.
 
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.response import Response
@@ -61,6 +60,13 @@ class ClaimReclaimSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
 
 
+@extend_schema_field(
+    {
+        "type": "string",
+        "nullable": True,
+        "description": "HH:MM on the wall clock of time_zone; null when always in force.",
+    }
+)
 class _ClockOut(ClockField):
     """A time of day as HH:MM (HH:MM:SS when it has seconds), as it is written in."""
 
@@ -145,7 +151,7 @@ class ReservationSerializer(serializers.ModelSerializer):
     def get_in_force(self, row) -> bool:
         return self._facts(row).in_force
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_next_change(self, row):
         return self._facts(row).next_change
 

@@ -199,3 +199,18 @@ def test_deleting_keeps_the_vms_and_is_harmless_twice(reserve, fleet_east, tenan
     allocation.reservation_delete(reservation=made, actor=operator)
     assert VirtualMachine.objects.get(pk=vm.pk).reservation is None
     assert AuditEvent.objects.filter(verb="reservation.delete").count() == 1
+
+
+def test_a_window_asks_for_the_set_to_be_planned_again_at_its_next_boundary(
+    reserve, fleet_east, monkeypatch
+):
+    from gpucap.allocation import reservations
+
+    sent = []
+    monkeypatch.setattr(reservations, "wake_at", lambda *args: sent.append(args))
+    reserve(name="day", gpus=8, **DAY_SHIFT)
+    h100 = fleet_east["sets"]["h100-east"]
+    evening = datetime(2026, 12, 7, 20, 0, tzinfo=UTC)
+    assert sent == [("allocation.reservation_boundary", h100.pk, evening)]
+    allocation.reservations_boundary(capacity_set_id=h100.pk, now=evening)
+    assert sent[-1] == ("allocation.reservation_boundary", h100.pk, evening.replace(day=8, hour=8))

@@ -112,6 +112,15 @@ def test_acme_claims_its_reservation_from_globex_s_borrowing_spot_vms(
     notices = list(InterruptionNotice.objects.filter(plan=plan).select_related("vm"))
     victims = [notice.vm for notice in notices]
     assert len(victims) == 2 and {vm.tenant.slug for vm in victims} == {"globex"}
+    shown = operator_api.get(f"/api/plans/{plan.pk}/").json()
+    [report] = shown["reservations"]
+    assert (report["id"], report["tenant"], report["held_after"]) == (
+        str(reservation.pk),
+        "acme",
+        8,
+    )
+    [placed] = [line for line in shown["actions"] if line["kind"] == "placement"]
+    assert (placed["instance_id"], placed["reservation"]) == (train.instance_id, reservation.pk)
     assert {vm.node_id for vm in victims} == {victims[0].node_id}  # one whole node
 
     for victim in victims:  # the notices run out and the driver reports the victims off
