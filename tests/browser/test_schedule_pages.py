@@ -140,7 +140,7 @@ def test_an_entry_is_added_through_the_form_and_deleted_through_its_confirmation
     row.get_by_role("link", name="Edit entry night").click()
     expect(page.locator("#entry-form summary")).to_have_text("Edit entry night")
     expect(page.get_by_label("h100-spot floor GPUs")).to_have_value("4")
-    expect(page.get_by_label("Sat", exact=True)).to_be_checked()
+    expect(page.locator("#set-schedule").get_by_label("Sat", exact=True)).to_be_checked()
     page.get_by_label("h100-spot floor GPUs").fill("8")
     page.get_by_role("button", name="Save entry").click()
     expect(row).to_contain_text("pool h100-spot floor_gpus 8")
