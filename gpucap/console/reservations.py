@@ -99,7 +99,7 @@ def reservations_context(
     capacity_set: CapacitySet, *, form: ReservationForm | None = None, **extra
 ) -> dict:
     """What the section shows: the set's reservations with their facts (five queries, whatever
-    their number) and the form."""
+    their number; one more when a claim would reclaim VMs) and the form."""
     rows = list(
         Reservation.objects.filter(capacity_set=capacity_set)
         .select_related("tenant")
