@@ -277,18 +277,20 @@ def set_reservable_gpus(capacity_set: CapacitySet) -> int:
     return total or 0
 
 
-def reservations_borrowers(reservation_ids: list[int]) -> dict[int, list[tuple[str, str, int]]]:
-    """The VMs borrowing from each reservation now: (VM name, tenant slug, GPUs), by
-    reservation id (one query)."""
-    found: dict[int, list[tuple[str, str, int]]] = {pk: [] for pk in reservation_ids}
+def reservations_borrowers(
+    reservation_ids: list[int],
+) -> dict[int, list[tuple[str, str, str | None, int]]]:
+    """The VMs borrowing from each reservation now: (VM name, tenant slug, node hostname,
+    GPUs), by reservation id (one query)."""
+    found: dict[int, list[tuple[str, str, str | None, int]]] = {pk: [] for pk in reservation_ids}
     rows = (
         _vms()
         .objects.filter(borrowed_from_id__in=reservation_ids, state__in=HELD_STATES)
         .order_by("name")
-        .values_list("borrowed_from_id", "name", "tenant__slug", "gpu_count")
+        .values_list("borrowed_from_id", "name", "tenant__slug", "node__hostname", "gpu_count")
     )
-    for reservation_id, name, tenant, gpus in rows:
-        found[reservation_id].append((name, tenant, gpus))
+    for reservation_id, name, tenant, node, gpus in rows:
+        found[reservation_id].append((name, tenant, node, gpus))
     return found
 
 

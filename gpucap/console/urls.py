@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import dedication, schedule, views
+from gpucap.console import dedication, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -33,6 +33,19 @@ urlpatterns = [
     ),
     path(
         "sets/<slug:name>/schedule/timeline/", schedule.schedule_timeline, name="schedule-timeline"
+    ),
+    path(
+        "sets/<slug:name>/reservations/",
+        reservations.reservations_section,
+        name="reservations-section",
+    ),
+    path(
+        "sets/<slug:name>/reservations/add/", reservations.reservation_add, name="reservation-add"
+    ),
+    path(
+        "sets/<slug:name>/reservations/<int:pk>/delete/",
+        reservations.reservation_delete,
+        name="reservation-delete",
     ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),

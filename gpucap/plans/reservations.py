@@ -41,7 +41,8 @@ class ReservationFacts:
     in_force: bool
     next_change: datetime | None
     held_gpus: int
-    borrowed: list[dict] = field(default_factory=list)  # {vm_name, tenant, gpus}
+    kept_gpus: int | None = None  # kept free by the latest plan; None: not planned yet
+    borrowed: list[dict] = field(default_factory=list)  # {vm_name, tenant, node, gpus}
     claim_reclaims: list[dict] = field(default_factory=list)  # {vm, vm_name, tenant, pool, ...}
 
 
@@ -56,7 +57,8 @@ def reservation_facts(
     now = now or timezone.now()
     ids = [row.pk for row in rows]
     held, borrowers = reservations_held(ids), reservations_borrowers(ids)
-    claims = latest_claims({row.capacity_set_id for row in rows})
+    reports = latest_reports({row.capacity_set_id for row in rows})
+    claims = {key: _claim_pks(report) for key, report in reports.items()}
     vms = _claimed_vms(claims.values())
     return {
         row.pk: ReservationFacts(
@@ -64,9 +66,10 @@ def reservation_facts(
             in_force=reservation_in_force(row, now),
             next_change=reservation_next_change(row, now),
             held_gpus=held[row.pk],
+            kept_gpus=reports.get(str(row.pk), {}).get("kept_gpus"),
             borrowed=[
-                {"vm_name": name, "tenant": tenant, "gpus": gpus}
-                for name, tenant, gpus in borrowers[row.pk]
+                {"vm_name": name, "tenant": tenant, "node": node, "gpus": gpus}
+                for name, tenant, node, gpus in borrowers[row.pk]
             ],
             claim_reclaims=[vms[vm_id] for vm_id in claims.get(str(row.pk), []) if vm_id in vms],
         )
@@ -74,20 +77,21 @@ def reservation_facts(
     }
 
 
-def latest_claims(capacity_set_ids: set[int]) -> dict[str, list[int]]:
-    """What each reservation's claim would reclaim by the latest plan of its set: VM ids, by
-    reservation id (as the plan's reports name it). One query."""
+def latest_reports(capacity_set_ids: set[int]) -> dict[str, dict]:
+    """Each reservation's report in the latest plan of its set (what it kept, who borrowed,
+    what its claim would reclaim), by reservation id as the plan's reports name it. One
+    query."""
     plans = (
         Plan.objects.filter(capacity_set_id__in=capacity_set_ids)
         .order_by("capacity_set_id", "-created_at", "-pk")
         .distinct("capacity_set_id")
         .values_list("reservations", flat=True)
     )
-    return {
-        str(report["id"]): [pk for pk in map(vm_pk, report.get("claim_reclaims", [])) if pk]
-        for reports in plans
-        for report in reports or []
-    }
+    return {str(report["id"]): report for reports in plans for report in reports or []}
+
+
+def _claim_pks(report: dict) -> list[int]:
+    return [pk for pk in map(vm_pk, report.get("claim_reclaims", [])) if pk]
 
 
 def _claimed_vms(claims: Iterable[list[int]]) -> dict[int, dict]:
@@ -128,7 +132,7 @@ class ReservationPreview:
     in_force_now: bool
     next_in_force: datetime | None
     kept_gpus: int
-    borrowed: list[dict]  # {vm_name, tenant, gpus}: would borrow its kept capacity
+    borrowed: list[dict]  # {vm_name, tenant, node, gpus}: would borrow its kept capacity
     claim_reclaims: list[dict]  # {vm, vm_name, tenant, pool, node, gpus}
     claim_complete: bool
     dry_run: bool = True
@@ -185,4 +189,5 @@ def _next_in_force(window: calendar.Window | None, now: datetime) -> datetime | 
 
 
 def _borrower(vm: VirtualMachine) -> dict:
-    return {"vm_name": vm.name, "tenant": vm.tenant.slug, "gpus": vm.gpu_count}
+    node = vm.node.hostname if vm.node_id else None
+    return {"vm_name": vm.name, "tenant": vm.tenant.slug, "node": node, "gpus": vm.gpu_count}

@@ -47,6 +47,7 @@ class ReservationFilter(FilterSet):
 class BorrowerSerializer(serializers.Serializer):
     vm_name = serializers.CharField()
     tenant = serializers.CharField(help_text="The borrowing VM's tenant's slug.")
+    node = serializers.CharField(allow_null=True, help_text="The node it runs on.")
     gpus = serializers.IntegerField()
 
 
@@ -87,6 +88,10 @@ class ReservationSerializer(serializers.ModelSerializer):
     held_gpus = serializers.SerializerMethodField(
         help_text="GPUs of the tenant's VMs placed inside the reservation now."
     )
+    kept_gpus = serializers.SerializerMethodField(
+        help_text="GPUs the set's latest plan kept free for it (neither its tenant's nor lent); "
+        "null: not planned since it was made."
+    )
     borrowed_vms = serializers.SerializerMethodField(help_text="How many VMs borrow from it.")
     borrowed_gpus = serializers.SerializerMethodField()
     borrowed = serializers.SerializerMethodField(
@@ -120,6 +125,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "in_force",
             "next_change",
             "held_gpus",
+            "kept_gpus",
             "borrowed_vms",
             "borrowed_gpus",
             "borrowed",
@@ -151,6 +157,10 @@ class ReservationSerializer(serializers.ModelSerializer):
 
     def get_held_gpus(self, row) -> int:
         return self._facts(row).held_gpus
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_kept_gpus(self, row):
+        return self._facts(row).kept_gpus
 
     def get_borrowed_vms(self, row) -> int:
         return len(self._facts(row).borrowed)

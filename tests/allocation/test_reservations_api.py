@@ -73,7 +73,9 @@ def test_an_operator_creates_a_reservation_with_dry_run_false(operator_api, h100
 def test_an_operator_sees_borrowers_by_name(operator_api, globex_borrower, acme_reservation):
     [row] = operator_api.get("/api/reservations/").json()["results"]
     assert (row["name"], row["in_force"], row["next_change"]) == ("acme-8", True, None)
-    assert row["borrowed"] == [{"vm_name": "globex-batch", "tenant": "globex", "gpus": 4}]
+    assert row["borrowed"] == [
+        {"vm_name": "globex-batch", "tenant": "globex", "node": "h100-001", "gpus": 4}
+    ]
     assert (row["borrowed_vms"], row["borrowed_gpus"], row["held_gpus"]) == (1, 4, 0)
 
 

@@ -125,11 +125,12 @@ def test_an_entry_is_added_through_the_form_and_deleted_through_its_confirmation
 
     error = page.locator("#id_time_zone-error")
     expect(error).to_contain_text("not an IANA time zone")
-    expect(page.locator("input[name=name]")).to_have_value("night")  # as typed
+    section = page.locator("#set-schedule")  # the set page has a reservations form too
+    expect(section.locator("input[name=name]")).to_have_value("night")  # as typed
     assert not ScheduleEntry.objects.exists()
     screenshot(page, "set-schedule-form-error")
 
-    page.locator("input[name=time_zone]").fill("Europe/Berlin")
+    section.locator("input[name=time_zone]").fill("Europe/Berlin")
     page.get_by_role("button", name="Save entry").click()
     row = page.locator("#entry-night")
     expect(row).to_contain_text("Sat, Sun 22:00-06:00 Europe/Berlin")
@@ -139,7 +140,7 @@ def test_an_entry_is_added_through_the_form_and_deleted_through_its_confirmation
     row.get_by_role("link", name="Edit entry night").click()
     expect(page.locator("#entry-form summary")).to_have_text("Edit entry night")
     expect(page.get_by_label("h100-spot floor GPUs")).to_have_value("4")
-    expect(page.get_by_label("Sat", exact=True)).to_be_checked()
+    expect(page.locator("#set-schedule").get_by_label("Sat", exact=True)).to_be_checked()
     page.get_by_label("h100-spot floor GPUs").fill("8")
     page.get_by_role("button", name="Save entry").click()
     expect(row).to_contain_text("pool h100-spot floor_gpus 8")

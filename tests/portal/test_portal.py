@@ -199,13 +199,14 @@ def test_portal_runs_a_fixed_number_of_queries(
     _fill(tenant, pools, fleet_east, operator, 1, 0)
     dedications.node_dedicate(node=fleet_east["nodes"]["h100-001"], tenant=tenant, actor=operator)
     # session, user, member's tenant ids; tenant; role; keys; VMs, their GPUs; usage;
-    # deployments; pools, usable GPUs; member count; dedicated nodes, their VMs; quotas.
-    with django_assert_num_queries(16):
+    # deployments; pools, usable GPUs; member count; dedicated nodes, their VMs; quotas;
+    # reservations.
+    with django_assert_num_queries(17):
         client.get(portal_url())
     _fill(tenant, pools, fleet_east, operator, 4, 1)
     fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[tenant])
     dedications.node_dedicate(node=fleet_east["nodes"]["h100-002"], tenant=tenant, actor=operator)
-    with django_assert_num_queries(16):
+    with django_assert_num_queries(17):
         response = client.get(portal_url())
     assert [d.node.hostname for d in response.context["portal"].dedicated] == [
         "h100-001",
