@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gpucap.allocation import services
 from gpucap.allocation.models import TenantQuota
-from gpucap.fleet.fleetfile.sections import SectionPlan, SectionSpec
+from gpucap.fleet.fleetfile.sections import SectionPlan, SectionSpec, list_problems
 from gpucap.fleet.fleetfile.words import shown, unknown_key
 from gpucap.fleet.models import Pool
 from gpucap.tenancy.models import Tenant
@@ -37,25 +37,14 @@ class QuotaSection:
     # --- as written ---------------------------------------------------------------------------
 
     def check(self, section: SectionSpec) -> list[str]:
-        if not isinstance(section.value, list):
-            return [
-                f"{self.key}: must be a list of quotas (lines starting with -), got "
-                f"{shown(section.value)}"
-            ]
-        lines = []
-        first: dict[tuple, str] = {}
-        for i, item in enumerate(section.value):
-            where = section.where(i, _label(item) if isinstance(item, dict) else None)
-            if not isinstance(item, dict):
-                lines.append(f"{where}: must be a mapping of keys to values, got {shown(item)}")
-                continue
-            problems = _written_problems(item)
-            if not problems:
-                seen = first.setdefault(_scope(item), where)
-                if seen != where:
-                    problems["tenant"] = f"a second quota in this scope (first at {seen})"
-            lines.extend(f"{where}: {field}: {reason}" for field, reason in problems.items())
-        return lines
+        return list_problems(
+            section,
+            noun_plural="quotas",
+            label=_label,
+            item_problems=_written_problems,
+            identity=_scope,
+            twice=("tenant", "a second quota in this scope (first at {seen})"),
+        )
 
     # --- against the database -----------------------------------------------------------------
 

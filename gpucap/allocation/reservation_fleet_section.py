@@ -21,8 +21,8 @@ from __future__ import annotations
 from gpucap.allocation import services
 from gpucap.allocation.models import Reservation
 from gpucap.allocation.reservations import FIELDS, read_reservation, written
-from gpucap.fleet.fleetfile.sections import SectionPlan, SectionSpec
-from gpucap.fleet.fleetfile.words import shown, unknown_key
+from gpucap.fleet.fleetfile.sections import SectionPlan, SectionSpec, list_problems
+from gpucap.fleet.fleetfile.words import unknown_key
 from gpucap.fleet.models import CapacitySet
 from gpucap.tenancy.models import Tenant
 
@@ -39,25 +39,14 @@ class ReservationSection:
         return {"reservation_save": _save, "reservation_remove": _remove}
 
     def check(self, section: SectionSpec) -> list[str]:
-        if not isinstance(section.value, list):
-            return [
-                f"{self.key}: must be a list of reservations (lines starting with -), got "
-                f"{shown(section.value)}"
-            ]
-        lines = []
-        first: dict[tuple, str] = {}
-        for i, item in enumerate(section.value):
-            where = section.where(i, _label(item) if isinstance(item, dict) else None)
-            if not isinstance(item, dict):
-                lines.append(f"{where}: must be a mapping of keys to values, got {shown(item)}")
-                continue
-            problems = _written_problems(item)
-            if not problems:
-                seen = first.setdefault(_key(item), where)
-                if seen != where:
-                    problems["name"] = f"a second reservation of this name in the set ({seen})"
-            lines.extend(f"{where}: {field}: {reason}" for field, reason in problems.items())
-        return lines
+        return list_problems(
+            section,
+            noun_plural="reservations",
+            label=_label,
+            item_problems=_written_problems,
+            identity=_key,
+            twice=("name", "a second reservation of this name in the set ({seen})"),
+        )
 
     def plan(self, plan: SectionPlan) -> None:
         if not plan.specs:

@@ -105,17 +105,15 @@ def snapshot_from_dict(data: object) -> Snapshot:
         quotas=tuple(item for _, item in quotas),
         reservations=tuple(item for _, item in reservations),
     )
-    found = check_snapshot(
-        snapshot,
-        nodes=nodes,
-        pools=pools,
-        deployments=deployments,
-        vms=vms,
-        demands=demands,
-        quotas=quotas,
-        reservations=reservations,
-        unreadable=reader.unreadable,
-    )
+    # Every section but the three read in one pass (below: labelled again on a problem).
+    sections = {
+        "pools": pools,
+        "deployments": deployments,
+        "quotas": quotas,
+        "reservations": reservations,
+        "unreadable": reader.unreadable,
+    }
+    found = check_snapshot(snapshot, nodes=nodes, vms=vms, demands=demands, **sections)
     if found and reader.unlabelled:
         # Sections read in one pass carry no labels (on a large fleet, wording ten thousand
         # labels costs more than checking the items): a problem found, check again with them.
@@ -123,17 +121,7 @@ def snapshot_from_dict(data: object) -> Snapshot:
             reader.labelled(section, items)
             for section, items in (("nodes", nodes), ("vms", vms), ("demands", demands))
         )
-        found = check_snapshot(
-            snapshot,
-            nodes=nodes,
-            pools=pools,
-            deployments=deployments,
-            vms=vms,
-            demands=demands,
-            quotas=quotas,
-            reservations=reservations,
-            unreadable=reader.unreadable,
-        )
+        found = check_snapshot(snapshot, nodes=nodes, vms=vms, demands=demands, **sections)
     problems.extend(found)
     if problems:
         raise SnapshotError(problems)

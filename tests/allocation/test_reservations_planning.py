@@ -10,7 +10,6 @@ import pytest
 
 from gpucap.allocation import services as allocation
 from gpucap.allocation.models import Reservation
-from gpucap.fleet import services as fleet
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services
 from gpucap.plans.models import Plan
@@ -19,12 +18,10 @@ from gpucap.plans.reservations import reservation_preview
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from gpucap.usage.models import UsageInterval
-from tests.rentals.vm_helpers import request_vm, running_vm
+from tests.allocation.reservation_fleet import globex_spots_fill
+from tests.rentals.vm_helpers import request_vm
 
 State = VirtualMachine.State
-HALVES = [
-    (node, half) for node in ("h100-001", "h100-002") for half in ((0, 1, 2, 3), (4, 5, 6, 7))
-]
 RESERVE = {"name": "acme-16", "gpus": 16, "block_gpus": 8, "always": True}
 
 
@@ -36,20 +33,7 @@ def enforcing(h100, operator):
 @pytest.fixture
 def globex_spots(fleet_east, tenant, other_tenant, enforcing) -> list[VirtualMachine]:
     """globex's four running 4-GPU spot VMs filling both nodes; acme may rent on-demand."""
-    pools, nodes = fleet_east["pools"], fleet_east["nodes"]
-    fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[tenant, other_tenant])
-    fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[tenant])
-    return [
-        running_vm(
-            other_tenant,
-            pools["h100-spot"],
-            nodes[node],
-            list(half),
-            name=f"batch-{n}",
-            ip=f"10.64.0.{n}",
-        )
-        for n, (node, half) in enumerate(HALVES, start=1)
-    ]
+    return globex_spots_fill(fleet_east, tenant, other_tenant, ips="10.64.0")
 
 
 def _borrowing(reservation) -> set[str]:

@@ -14,16 +14,13 @@ from gpucap.notices.models import InterruptionNotice
 from gpucap.plans import services as plans
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
+from tests.allocation.reservation_fleet import BATCH, globex_spots_fill
 from tests.browser.conftest import log_in, screenshot
-from tests.rentals.vm_helpers import SSH_KEY, running_vm
+from tests.rentals.vm_helpers import SSH_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SET_PAGE = "/fleet/sets/h100-east/"
-HALVES = [
-    (node, half) for node in ("h100-001", "h100-002") for half in ((0, 1, 2, 3), (4, 5, 6, 7))
-]
-BATCH = [f"batch-{n}" for n in range(1, 5)]
 
 
 @pytest.fixture
@@ -37,20 +34,7 @@ def h100(fleet_east, operator):
 @pytest.fixture
 def globex_spots(h100, fleet_east, tenant, other_tenant) -> list[VirtualMachine]:
     """globex's four running 4-GPU spot VMs filling both nodes; acme may rent on-demand."""
-    pools, nodes = fleet_east["pools"], fleet_east["nodes"]
-    fleet.pool_set_tenants(pool=pools["h100-spot"], tenants=[tenant, other_tenant])
-    fleet.pool_set_tenants(pool=pools["h100-ondemand"], tenants=[tenant])
-    return [
-        running_vm(
-            other_tenant,
-            pools["h100-spot"],
-            nodes[node],
-            list(half),
-            name=name,
-            ip=f"10.62.0.{n}",
-        )
-        for n, (name, (node, half)) in enumerate(zip(BATCH, HALVES, strict=True), start=1)
-    ]
+    return globex_spots_fill(fleet_east, tenant, other_tenant, ips="10.62.0")
 
 
 def _form(page):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from gpucap.fleet.fleetfile.words import locate
+from gpucap.fleet.fleetfile.words import locate, shown
 
 if TYPE_CHECKING:
     from gpucap.fleet.models import CapacitySet
@@ -44,6 +44,40 @@ class SectionSpec:
         """The place of the section's item ``index``: "capacity_sets[0].schedules[1] (night)"."""
         place = f"{self.path}.{self.key}[{index}]" if self.path else f"{self.key}[{index}]"
         return f"{place} ({label})" if isinstance(label, str) and label.strip() else place
+
+
+def list_problems(
+    section: SectionSpec,
+    *,
+    noun_plural: str,
+    label: Callable[[dict], str],
+    item_problems: Callable[[dict], dict[str, str]],
+    identity: Callable[[dict], tuple],
+    twice: tuple[str, str],
+) -> list[str]:
+    """The problems of a section written as a list of mappings (a top-level ``quotas:`` or
+    ``reservations:``): not a list, an item not a mapping, each item's own problems by field
+    (``item_problems``), and a second item with the same ``identity``, named on the field
+    ``twice[0]`` in the words ``twice[1]`` (``{seen}``: where the first one is)."""
+    if not isinstance(section.value, list):
+        return [
+            f"{section.key}: must be a list of {noun_plural} (lines starting with -), got "
+            f"{shown(section.value)}"
+        ]
+    lines = []
+    first: dict[tuple, str] = {}
+    for i, item in enumerate(section.value):
+        where = section.where(i, label(item) if isinstance(item, dict) else None)
+        if not isinstance(item, dict):
+            lines.append(f"{where}: must be a mapping of keys to values, got {shown(item)}")
+            continue
+        problems = item_problems(item)
+        if not problems:
+            seen = first.setdefault(identity(item), where)
+            if seen != where:
+                problems[twice[0]] = twice[1].format(seen=seen)
+        lines.extend(f"{where}: {name}: {reason}" for name, reason in problems.items())
+    return lines
 
 
 class SectionPlan(Protocol):
