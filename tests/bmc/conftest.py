@@ -11,6 +11,15 @@ import pytest
 
 from tests.bmc.emulators import PlainHttp, RefusingBmc, StaticBmc
 
+# A sealing key for the tests: pytest-django runs with DEBUG off, as production does, so the
+# developer's key derived from SECRET_KEY is not used; a test that wants other keys sets them.
+TEST_KEY = "dGVzdHMtb25seS1ibWMta2V5LTMyLWJ5dGVzLWxvbmc="
+
+
+@pytest.fixture(autouse=True)
+def bmc_keys(settings):
+    settings.BMC_CREDENTIAL_KEYS = [TEST_KEY]
+
 
 @pytest.fixture(scope="module")
 def gpu_server_bmc():
