@@ -49,3 +49,21 @@ class BmcCredential(models.Model):
 
     def __repr__(self) -> str:
         return f"<BmcCredential node={self.node_id} user={self.username!r} password=(sealed)>"
+
+
+class NodeInventory(models.Model):
+    """What the node's BMC said at the last discovery that changed something: the machine, its
+    CPUs, memory, NICs and GPUs (``SystemInventory`` as JSON, without the power state, which is
+    live state). The GPUs' UUID, PCI address and health live on the fleet's ``Gpu`` rows, which
+    placement reads; the serials, models and the BMC's own health words are kept here."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="bmc_inventory")
+    facts = models.JSONField()
+    read_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node_id"]
+        verbose_name_plural = "node inventories"
+
+    def __str__(self) -> str:
+        return f"inventory of {self.node.hostname}"
