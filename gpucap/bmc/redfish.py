@@ -120,7 +120,7 @@ def _session(target: BmcTarget) -> Iterator[sushy.Sushy]:
         timeouts=(target.connect_timeout, target.read_timeout),
     )
     # From the first request on: sushy reads the service root before its auth is set up, and
-    # some BMCs (sushy-tools' own emulator among them) refuse even that without credentials.
+    # some BMCs refuse even the root to a client without credentials.
     connector.set_http_basic_auth(target.username, target.password)
     try:
         root = _call(target, lambda: _root(target, connector), reading_root=True)

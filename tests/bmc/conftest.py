@@ -9,7 +9,7 @@ One emulator per test module: it starts in well under a second, and nothing chan
 
 import pytest
 
-from tests.bmc.emulators import PlainHttp, RefusingBmc, StaticBmc
+from tests.bmc.emulators import DynamicBmc, PlainHttp, RefusingBmc, StaticBmc
 
 # A sealing key for the tests: pytest-django runs with DEBUG off, as production does, so the
 # developer's key derived from SECRET_KEY is not used; a test that wants other keys sets them.
@@ -43,3 +43,9 @@ def web_page_server():
 def not_found_server():
     with PlainHttp(html=False) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def dynamic_bmc():
+    with DynamicBmc() as bmc:
+        yield bmc

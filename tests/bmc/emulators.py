@@ -3,6 +3,9 @@
 - ``StaticBmc``: sushy-tools' static emulator (``sushy-static``) serving a mockup directory, a
   tree of ``index.json`` files as DMTF's mockups are laid out. It answers every GET from the
   files and has no authentication (any user name and password are let in).
+- ``DynamicBmc``: sushy-tools' dynamic emulator (``sushy-emulator``) with its fake systems
+  driver and its htpasswd Basic auth on: a real BMC's 401 for a wrong password. (Next: the same
+  emulator with its libvirt driver over the real-guest rig, docs/bmc.md "Tests".)
 - ``PlainHttp``: a web server that is not a BMC: an HTML page for every path, or 404s.
 - ``RefusingBmc``: the service root for anyone, then 401 with a Basic challenge for every other
   request, as a BMC answers a wrong user name or password.
@@ -16,12 +19,15 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import bcrypt
 
 MOCKUPS = Path(__file__).resolve().parent / "mockups"
 GPU_SERVER = MOCKUPS / "gpu-server"
@@ -82,6 +88,61 @@ class StaticBmc:
 
     def __exit__(self, *exc) -> None:
         self._stop()
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+
+class DynamicBmc:
+    """``sushy-emulator`` on 127.0.0.1 with one fake system and Basic auth: ``username`` and
+    ``password`` are let in, anyone else gets 401 (the service root excepted, as Redfish
+    allows)."""
+
+    username = "admin"
+    password = "emulator-password"
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._process: subprocess.Popen | None = None
+        self._directory = tempfile.TemporaryDirectory(prefix="gpucap-bmc-")
+
+    def __enter__(self) -> "DynamicBmc":
+        directory = Path(self._directory.name)
+        hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        (directory / "htpasswd").write_text(f"{self.username}:{hashed}\n")
+        (directory / "state").mkdir()
+        config = directory / "emulator.conf"
+        config.write_text(
+            f"SUSHY_EMULATOR_AUTH_FILE = {str(directory / 'htpasswd')!r}\n"
+            f"SUSHY_EMULATOR_STATE_DIR = {str(directory / 'state')!r}\n"
+            "SUSHY_EMULATOR_FAKE_SYSTEMS = [{'uuid': '27946b59-9e44-4fa7-8e91-f3527a1ef094', "
+            "'name': 'h100-001', 'power_state': 'On', 'external_notifier': False, "
+            "'nics': [{'mac': '00:5c:52:31:3a:9c', 'ip': '127.0.0.2'}]}]\n"
+        )
+        for _ in range(5):
+            port = free_port()
+            argv = [sys.executable, "-m", "sushy_tools.emulator.main", "--config", str(config)]
+            self._process = subprocess.Popen(
+                [*argv, "--interface", "127.0.0.1", "--port", str(port), "--fake"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            self.url = f"http://127.0.0.1:{port}"
+            if _answers(f"{self.url}/redfish/v1/", self._process, timeout=30):
+                return self
+            self._stop()
+        raise RuntimeError("sushy-emulator did not start")
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+        self._directory.cleanup()
 
     def _stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

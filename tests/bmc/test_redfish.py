@@ -83,6 +83,25 @@ def test_wrong_credentials_are_named_as_such(refusing_bmc):
     assert not error.transient
 
 
+def test_a_wrong_password_is_refused_by_a_real_redfish_emulator(dynamic_bmc):
+    """sushy-emulator with Basic auth: the right password reads its system, a wrong one is a
+    401, named as such."""
+    right = BmcTarget(
+        name="node h100-001",
+        address=dynamic_bmc.url,
+        username=dynamic_bmc.username,
+        password=dynamic_bmc.password,
+    )
+    assert inventory_read(right).uuid == "27946b59-9e44-4fa7-8e91-f3527a1ef094"
+
+    error = _refusal(_target(dynamic_bmc.url))
+
+    assert error.kind == redfish.CREDENTIALS
+    assert error.message == (
+        f"node h100-001: the BMC at {dynamic_bmc.url} refused the user name or password (HTTP 401)"
+    )
+
+
 def test_nothing_listening_is_unreachable_and_worth_retrying():
     url = f"http://127.0.0.1:{free_port()}"
 
