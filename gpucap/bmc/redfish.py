@@ -86,9 +86,9 @@ class BmcTarget:
 
 def inventory_read(target: BmcTarget) -> SystemInventory:
     """The machine behind ``target``: system, CPUs, memory, NICs and GPUs."""
-    with _session(target) as root:
-        system = _call(target, lambda: _system(root, target))
-        return _call(target, lambda: _inventory(root, system))
+    with bmc_session(target) as root:
+        system = bmc_call(target, lambda: system_of(root, target))
+        return bmc_call(target, lambda: _inventory(root, system))
 
 
 # --- the session and its errors ------------------------------------------------------------------
@@ -111,7 +111,7 @@ class _TimedConnector(Connector):
 
 
 @contextmanager
-def _session(target: BmcTarget) -> Iterator[sushy.Sushy]:
+def bmc_session(target: BmcTarget) -> Iterator[sushy.Sushy]:
     """The BMC's service root, read with Basic auth (a Redfish session would cost a round
     trip and hold one of the BMC's few session slots)."""
     connector = _TimedConnector(
@@ -123,7 +123,7 @@ def _session(target: BmcTarget) -> Iterator[sushy.Sushy]:
     # some BMCs refuse even the root to a client without credentials.
     connector.set_http_basic_auth(target.username, target.password)
     try:
-        root = _call(target, lambda: _root(target, connector), reading_root=True)
+        root = bmc_call(target, lambda: _root(target, connector), reading_root=True)
         yield root
     finally:
         connector.close()
@@ -144,7 +144,7 @@ def _root(target: BmcTarget, connector: Connector) -> sushy.Sushy:
     return root
 
 
-def _call(target: BmcTarget, read, *, reading_root: bool = False):
+def bmc_call(target: BmcTarget, read, *, reading_root: bool = False):
     """Run ``read`` and turn whatever sushy or requests raise into a ``BmcError`` that says
     what happened in an operator's words."""
     where = f"{target.name}: the BMC at {target.url}"
@@ -173,6 +173,8 @@ def _call(target: BmcTarget, read, *, reading_root: bool = False):
             f"{_said(error)}",
             kind=REFUSED,
         ) from None
+    except sushy_errors.InvalidParameterValueError as error:
+        raise BmcError(f"{where} does not offer that: {error}", kind=REFUSED) from None
     except sushy_errors.UnknownDefaultError:
         raise BmcError(
             f"{where} manages more than one system; name the one to use (its system id)",
@@ -228,7 +230,8 @@ def _said(error: sushy_errors.HTTPError) -> str:
 # --- reading the inventory ------------------------------------------------------------------------
 
 
-def _system(root: sushy.Sushy, target: BmcTarget):
+def system_of(root: sushy.Sushy, target: BmcTarget):
+    """The ComputerSystem ``target`` names, or the BMC's only one."""
     if target.system_id:
         systems = root.get_system_collection()
         path = f"{systems.path.rstrip('/')}/{target.system_id}"
