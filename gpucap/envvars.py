@@ -5,6 +5,7 @@ variable and what was wrong with it, so a bad deployment fails at start-up, not 
 Every variable read here is listed in ``.env.example`` and the README.
 """
 
+import base64
 import os
 import re
 
@@ -70,3 +71,21 @@ def rate_parse(text: str, *, name: str = "rate") -> tuple[int, int]:
 def env_rate(name: str, default: str) -> tuple[int, int]:
     """A rate such as ``10/15m``: (attempts, window in seconds)."""
     return rate_parse(os.environ.get(name, default), name=name)
+
+
+def env_fernet_keys(name: str) -> list[str]:
+    """Comma-separated Fernet keys (32 bytes, URL-safe base64), first one first; [] when unset.
+    A key that is not one is refused here, at start-up, naming the variable and its place."""
+    keys = env_list(name, [])
+    for place, key in enumerate(keys, start=1):
+        try:
+            raw = base64.urlsafe_b64decode(key.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            raw = b""
+        if len(raw) != 32:
+            raise ImproperlyConfigured(
+                f"{name}: key {place} of {len(keys)} is not a Fernet key (32 bytes in URL-safe "
+                'base64, 44 characters; make one with `python -c "from cryptography.fernet '
+                'import Fernet; print(Fernet.generate_key().decode())"`)'
+            )
+    return keys

@@ -12,7 +12,7 @@ from celery.schedules import crontab
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from gpucap.envvars import env_bool, env_int, env_list, env_rate, env_str
+from gpucap.envvars import env_bool, env_fernet_keys, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "gpucap.rentals",
     "gpucap.usage",
     "gpucap.notices",
+    "gpucap.bmc",
     "gpucap.plans",
     "gpucap.inference",
     "gpucap.schedules",
@@ -446,3 +447,11 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# BMCs (docs/bmc.md): the keys BMC passwords are sealed with (Fernet, comma-separated; the first
+# seals, all open), a CA bundle for BMCs whose certificates a private CA signs, and how long a
+# Redfish request may take to connect and to answer.
+BMC_CREDENTIAL_KEYS = env_fernet_keys("BMC_CREDENTIAL_KEYS")
+BMC_CA_BUNDLE = env_str("BMC_CA_BUNDLE", "")
+BMC_CONNECT_TIMEOUT_SECONDS = env_int("BMC_CONNECT_TIMEOUT_SECONDS", 5, minimum=1)
+BMC_READ_TIMEOUT_SECONDS = env_int("BMC_READ_TIMEOUT_SECONDS", 30, minimum=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from gpucap.envvars import env_bool, env_int, env_list
+from gpucap.envvars import env_bool, env_fernet_keys, env_int, env_list
 
 
 def test_env_bool_reads_common_spellings_and_refuses_the_rest(monkeypatch):
@@ -36,6 +36,17 @@ def test_env_int_names_the_variable_when_it_is_wrong(monkeypatch):
 def test_env_list_splits_on_commas(monkeypatch):
     monkeypatch.setenv("GPUCAP_HOSTS", " a.example , b.example,,")
     assert env_list("GPUCAP_HOSTS", []) == ["a.example", "b.example"]
+
+
+def test_env_fernet_keys_refuses_what_is_not_a_key_naming_its_place(monkeypatch):
+    key = "dGVzdHMtb25seS1ibWMta2V5LTMyLWJ5dGVzLWxvbmc="
+    monkeypatch.setenv("GPUCAP_KEYS", f"{key}, hunter2")
+    with pytest.raises(ImproperlyConfigured, match="GPUCAP_KEYS: key 2 of 2 is not a Fernet key"):
+        env_fernet_keys("GPUCAP_KEYS")
+    monkeypatch.setenv("GPUCAP_KEYS", key)
+    assert env_fernet_keys("GPUCAP_KEYS") == [key]
+    monkeypatch.delenv("GPUCAP_KEYS")
+    assert env_fernet_keys("GPUCAP_KEYS") == []
 
 
 def test_celery_app_uses_redis_and_knows_the_beat_tasks():

@@ -25,6 +25,7 @@ from gpucap.fleet.services.fabric import (
     node_set_fabric_partitions,
     node_set_module_ids,
 )
+from gpucap.fleet.services.gpus import gpu_replace
 from gpucap.fleet.services.images import image_create, image_delete, image_update
 from gpucap.fleet.services.nodes import (
     generated_gpu,
@@ -61,6 +62,7 @@ __all__ = [
     "cluster_rename",
     "cluster_update",
     "generated_gpu",
+    "gpu_replace",
     "gpu_set_health",
     "gpu_set_module_id",
     "image_create",

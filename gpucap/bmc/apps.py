@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BmcConfig(AppConfig):
+    name = "gpucap.bmc"
+    verbose_name = "Bare metal (BMC)"
