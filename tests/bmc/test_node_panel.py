@@ -14,7 +14,7 @@ from gpucap.bmc.models import DiscoveryRun
 from gpucap.bmc.services import bmc_credential_set
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Node
-from tests.bmc.emulators import StaticBmc, mockup_copy
+from tests.bmc.emulators import StaticBmc, free_port, mockup_copy
 
 HTMX = {"HX-Request": "true"}
 PASSWORD = "s3cret-bmc-password"
@@ -90,8 +90,7 @@ def test_tls_not_verified_is_shown_in_red(node, operator_client):
 
 def test_rediscover_previews_then_applies(node, post, sent_tasks, operator_client, tmp_path):
     changed = mockup_copy(tmp_path / "gpu-server")
-    doc = changed / "Systems" / "1" / "Processors" / "GPU_SXM_6" / "index.json"
-    doc.write_text(json.dumps({**json.loads(doc.read_text()), "Status": {"Health": "OK"}}))
+    _card(changed, "GPU_SXM_6", "OK")  # the failed card swapped for a healthy one
     with StaticBmc(changed) as bmc:
         node = fleet.node_update(node=node, bmc_address=bmc.url)
 
@@ -175,3 +174,46 @@ def test_tenants_get_no_panel(node, member_client):
         answer = member_client.post(url) if "rediscover" in url else member_client.get(url)
         assert answer.status_code == 403
     assert not DiscoveryRun.objects.exists()
+
+
+def _card(mockup, processor: str, health: str) -> None:
+    doc = mockup / "Systems" / "1" / "Processors" / processor / "index.json"
+    doc.write_text(json.dumps({**json.loads(doc.read_text()), "Status": {"Health": health}}))
+
+
+def test_a_bmc_that_changed_before_apply_shows_the_fresh_preview(
+    node, post, sent_tasks, operator_client, tmp_path
+):
+    changed = mockup_copy(tmp_path / "gpu-server")
+    _card(changed, "GPU_SXM_6", "OK")
+    with StaticBmc(changed) as bmc:
+        node = fleet.node_update(node=node, bmc_address=bmc.url)
+        post(panel_url(node, "node-bmc-rediscover"))
+        work(sent_tasks)
+        seen = DiscoveryRun.objects.get(node=node)
+        _card(changed, "GPU_SXM_3", "Critical")  # before the operator applies
+
+        post(panel_url(node, "node-bmc-apply", seen.pk))
+        assert work(sent_tasks) == [Outcome.REFUSED]
+
+    fresh = DiscoveryRun.objects.get(node=node, state="previewed")
+    panel = operator_client.get(panel_url(node), headers=HTMX).content.decode()
+    assert f"Not applied: the BMC said something else when discovery {seen.pk} was applied" in (
+        panel
+    )
+    assert "GPU 2 health ok -&gt; failed (BMC: Critical); GPU 5 health failed -&gt; ok" in panel
+    assert panel_url(node, "node-bmc-apply", fresh.pk) in panel
+    assert node.gpus.get(index=5).health == "failed"  # nothing applied
+
+
+def test_problems_are_shown_and_nothing_changes(node, post, sent_tasks, operator_client):
+    dead = f"http://127.0.0.1:{free_port()}"
+    node = fleet.node_update(node=node, bmc_address=dead)
+    post(panel_url(node, "node-bmc-rediscover"))
+
+    assert work(sent_tasks) == [Outcome.FAILED]
+
+    panel = operator_client.get(panel_url(node), headers=HTMX).content.decode()
+    assert "Nothing applied: 1 problem." in panel
+    assert f"node h100-001: no answer from the BMC at {dead} (connection refused)" in panel
+    assert "Apply" not in panel.split('class="discovery')[1]
