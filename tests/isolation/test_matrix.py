@@ -162,6 +162,11 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/tenants/<pk>/dedicated-nodes/",
         "/fleet/nodes/<cluster>/<hostname>/dedicate/",
         "/fleet/nodes/<cluster>/<hostname>/release/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/discoveries/<run_id>/apply/",
+        "/api/nodes/<id>/bmc/",
+        "/api/bmc/discoveries/<id>/",
+        "/api/bmc/discoveries/<id>/apply/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)
