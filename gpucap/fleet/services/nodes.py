@@ -15,7 +15,7 @@ from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric,
 from gpucap.fleet.services._common import capacity_set_bump, delete_unused, field_change, lock_set
 from gpucap.fleet.services.capacity_sets import capacity_set_gpu_total
 from gpucap.fleet.services.fabric import fabric_ids_kept, module_id_problem, module_ids_problem
-from gpucap.fleet.signals import node_went_down
+from gpucap.fleet.signals import gpu_failed, node_went_down
 
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -338,10 +338,13 @@ def node_uncordon(*, node: Node, actor: Actor = None) -> Node:
 
 @transaction.atomic
 def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
+    """Mark a card ok or failed. A failed card takes no placement, and the VMs on it are warned
+    and stopped (``signals.gpu_failed``)."""
     if health not in Gpu.Health.values:
         raise ValidationError({"health": f"unknown health {health!r}; choose ok or failed"})
     gpu = Gpu.objects.select_for_update(no_key=True).select_related("node").get(pk=gpu.pk)
-    return field_change(
+    was = gpu.health
+    gpu = field_change(
         gpu,
         "health",
         health,
@@ -349,6 +352,10 @@ def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
         actor=actor,
         capacity_set_id=gpu.node.capacity_set_id,
     )
+    if was != Gpu.Health.FAILED and health == Gpu.Health.FAILED:
+        # The VMs on the card are warned and stopped (notices follows the signal).
+        gpu_failed.send(sender=Gpu, gpu_id=gpu.pk, node_id=gpu.node_id, actor=actor)
+    return gpu
 
 
 @transaction.atomic
