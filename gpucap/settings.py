@@ -281,6 +281,12 @@ INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
 # How often the notices sweep runs (gpucap.notices.tasks.sweep): the most a lost deadline task,
 # or a worker killed while it held a deadline's stop, can delay the stop reaching the driver.
 NOTICES_SWEEP_SECONDS = env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)
+# The hypervisor watch (docs/bmc.md, Recovery): how often every node's hypervisor is asked
+# whether it answers, how many are asked at once, and how long one may stay silent before its
+# node is marked down.
+HYPERVISOR_WATCH_SECONDS = env_int("HYPERVISOR_WATCH_SECONDS", 30, minimum=1)
+HYPERVISOR_PROBE_CONCURRENCY = env_int("HYPERVISOR_PROBE_CONCURRENCY", 16, minimum=1)
+NODE_DOWN_AFTER_SECONDS = env_int("NODE_DOWN_AFTER_SECONDS", 300, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -346,6 +352,13 @@ CELERY_BEAT_SCHEDULE = {
     "usage-billing-push": {
         "task": "usage.billing_push",
         "schedule": float(env_int("BILLING_PUSH_SECONDS", 60, minimum=1)),
+    },
+    # Nodes whose hypervisor stays silent are marked down (gpucap.bmc.hypervisor_watch); a round
+    # left waiting longer than one interval is dropped (the next one probes afresh).
+    "bmc-hypervisor-watch": {
+        "task": "bmc.hypervisor_watch",
+        "schedule": float(HYPERVISOR_WATCH_SECONDS),
+        "options": {"expires": float(HYPERVISOR_WATCH_SECONDS)},
     },
 }
 

@@ -67,3 +67,7 @@ class NodeInventory(models.Model):
 
     def __str__(self) -> str:
         return f"inventory of {self.node.hostname}"
+
+
+# Recovery's models live in a module of their own; Django finds them through this import.
+from gpucap.bmc.recovery_models import HypervisorProbe  # noqa: E402, F401

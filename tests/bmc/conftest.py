@@ -11,6 +11,10 @@ import pytest
 
 from tests.bmc.emulators import DynamicBmc, PlainHttp, RefusingBmc, StaticBmc
 
+# Recovery acts on nodes and VMs: the rentals fixtures (VMs in any state, captured tasks, the
+# simulated fleet, real workers) serve these tests too.
+from tests.rentals.conftest import celery_queue, sent_tasks, sim, vm_in, workers  # noqa: F401
+
 # A sealing key for the tests: pytest-django runs with DEBUG off, as production does, so the
 # developer's key derived from SECRET_KEY is not used; a test that wants other keys sets them.
 TEST_KEY = "dGVzdHMtb25seS1ibWMta2V5LTMyLWJ5dGVzLWxvbmc="
