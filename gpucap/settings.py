@@ -287,6 +287,14 @@ NOTICES_SWEEP_SECONDS = env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)
 HYPERVISOR_WATCH_SECONDS = env_int("HYPERVISOR_WATCH_SECONDS", 30, minimum=1)
 HYPERVISOR_PROBE_CONCURRENCY = env_int("HYPERVISOR_PROBE_CONCURRENCY", 16, minimum=1)
 NODE_DOWN_AFTER_SECONDS = env_int("NODE_DOWN_AFTER_SECONDS", 300, minimum=1)
+# Recovery by power cycle (docs/bmc.md, Recovery; each cluster's policy is in the database): how
+# often the tick runs (automatic cycles started, booting nodes' hypervisors asked), how long a
+# machine has to power off after ForceOff and how often its power is read meanwhile, and the
+# wait before the next automatic cycle after a failed one (doubled each time, at most an hour).
+RECOVERY_TICK_SECONDS = env_int("RECOVERY_TICK_SECONDS", 15, minimum=1)
+RECOVERY_POWER_OFF_TIMEOUT_SECONDS = env_int("RECOVERY_POWER_OFF_TIMEOUT_SECONDS", 120, minimum=1)
+RECOVERY_POLL_SECONDS = env_int("RECOVERY_POLL_SECONDS", 5, minimum=1)
+RECOVERY_BACKOFF_SECONDS = env_int("RECOVERY_BACKOFF_SECONDS", 60, minimum=0)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -359,6 +367,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "bmc.hypervisor_watch",
         "schedule": float(HYPERVISOR_WATCH_SECONDS),
         "options": {"expires": float(HYPERVISOR_WATCH_SECONDS)},
+    },
+    # Down nodes power-cycled through their BMC where the cluster's policy says so, and booting
+    # ones brought back once their hypervisor answers (gpucap.bmc.power_cycle).
+    "bmc-recovery-tick": {
+        "task": "bmc.recovery_tick",
+        "schedule": float(RECOVERY_TICK_SECONDS),
+        "options": {"expires": float(RECOVERY_TICK_SECONDS)},
     },
 }
 

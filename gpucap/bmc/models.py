@@ -70,4 +70,9 @@ class NodeInventory(models.Model):
 
 
 # Recovery's models live in a module of their own; Django finds them through this import.
-from gpucap.bmc.recovery_models import HypervisorProbe  # noqa: E402, F401
+from gpucap.bmc.recovery_models import (  # noqa: E402, F401
+    HypervisorProbe,
+    NodeRecovery,
+    RecoveryAttempt,
+    RecoveryPolicy,
+)
