@@ -246,6 +246,9 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": "gpucap.plans.models.Plan.Status",
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
         "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
+        # A plan's trigger keeps the name it had before recovery's attempts had one too.
+        "TriggerEnum": "gpucap.plans.models.Plan.Trigger",
+        "RecoveryTriggerEnum": "gpucap.bmc.recovery_models.RecoveryAttempt.Trigger",
     },
 }
 

@@ -6,6 +6,12 @@ from rest_framework.routers import DefaultRouter
 
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
+from gpucap.bmc.api import (
+    ClusterRecoveryPolicyView,
+    NodePowerCycleView,
+    NodeRecoveryClearView,
+    NodeRecoveryView,
+)
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
@@ -83,6 +89,18 @@ urlpatterns = [
     path("nodes/<int:id>/dedicate/", NodeDedicateView.as_view(), name="api-node-dedicate"),
     path("nodes/<int:id>/release/", NodeReleaseView.as_view(), name="api-node-release"),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
+    path("nodes/<int:id>/recovery/", NodeRecoveryView.as_view(), name="api-node-recovery"),
+    path(
+        "nodes/<int:id>/recovery/clear/",
+        NodeRecoveryClearView.as_view(),
+        name="api-node-recovery-clear",
+    ),
+    path("nodes/<int:id>/power-cycle/", NodePowerCycleView.as_view(), name="api-node-power-cycle"),
+    path(
+        "clusters/<int:id>/recovery-policy/",
+        ClusterRecoveryPolicyView.as_view(),
+        name="api-cluster-recovery-policy",
+    ),
     path(
         "capacity-sets/<int:id>/plan/",
         CapacitySetPlanView.as_view(),

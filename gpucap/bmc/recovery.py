@@ -239,7 +239,7 @@ def recovery_policy_set(*, cluster: Cluster, actor: Actor, **values) -> Recovery
         raise ValidationError(errors)
     Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
     policy = policy_of(cluster)
-    before = _described(policy) if policy.pk else None
+    before = _described(policy)  # the defaults, for a cluster without a policy yet
     for name, value in values.items():
         setattr(policy, name, value)
     if before == _described(policy):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import dedication, reservations, schedule, views
+from gpucap.console import dedication, recovery, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -64,5 +64,20 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/release/",
         dedication.node_release,
         name="node-release",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/recovery/",
+        recovery.node_recovery,
+        name="node-recovery",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/power-cycle/",
+        recovery.node_power_cycle,
+        name="node-power-cycle",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/recovery/clear/",
+        recovery.node_recovery_clear,
+        name="node-recovery-clear",
     ),
 ]
