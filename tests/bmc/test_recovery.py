@@ -3,9 +3,9 @@ really goes Off and On, 1 to 11 s after each reset) with the simulated fleet's h
 silent or answering: an operator's Power-cycle and the automatic one after the grace bring a
 down node back to ready once its hypervisor answers; a BMC that refuses is reported at once
 and never tried again; one that cannot be reached is tried again with backoff, then recovery
-stops after max_attempts; a hypervisor that stays silent past the boot timeout counts as a
-failure; a cycle whose worker was lost fails at its deadline. The tick's time is passed in;
-the power cycle runs inline, as its task would."""
+stops after max_attempts, and the operators' attention strip says so; a hypervisor that stays
+silent past the boot timeout counts as a failure; a cycle whose worker was lost fails at its
+deadline. The tick's time is passed in; the power cycle runs inline, as its task would."""
 
 from datetime import timedelta
 
@@ -109,7 +109,7 @@ def test_the_tick_power_cycles_a_down_node_itself_once_the_grace_has_passed(
 
 @pytest.mark.parametrize("bmc", ["refusing", "wrong_password"])
 def test_a_bmc_that_refuses_is_reported_at_once_and_never_tried_again(
-    bmc, down_node, machine, refusing_bmc, fleet_east
+    bmc, down_node, machine, refusing_bmc, fleet_east, operator_client
 ):
     if bmc == "refusing":
         give_bmc(down_node, refusing_bmc.url)
@@ -128,13 +128,20 @@ def test_a_bmc_that_refuses_is_reported_at_once_and_never_tried_again(
     assert attempt.outcome == RecoveryAttempt.Outcome.REFUSED
     stop = AuditEvent.objects.get(verb="bmc.recovery_stop", object_id=str(down_node.pk))
     assert stop.message.startswith("recovery stopped (the BMC refused) until an operator clears")
+    strip = " ".join(operator_client.get("/").content.decode().split())
+    assert (
+        'recovery stopped: <a href="/fleet/nodes/east/h100-001/">h100-001</a>, '
+        '<span class="small">1 power cycle failed:</span>'
+    ) in strip
     # Automation leaves it alone from now on, however long it stays down.
     later = timezone.now() + timedelta(days=2)
     assert recovery_tick(now=later) == {"started": [], "recovered": [], "failed": []}
     assert len(attempts_of(down_node)) == 1
 
 
-def test_an_unreachable_bmc_is_tried_again_with_backoff_then_recovery_stops(down_node, fleet_east):
+def test_an_unreachable_bmc_is_tried_again_with_backoff_then_recovery_stops(
+    down_node, fleet_east, operator_client
+):
     give_bmc(down_node, f"http://127.0.0.1:{free_port()}")
     automatic(fleet_east["cluster"], grace_seconds=0, max_attempts=2)
 
@@ -152,6 +159,9 @@ def test_an_unreachable_bmc_is_tried_again_with_backoff_then_recovery_stops(down
     row = recovery_of(down_node)
     assert (row.state, row.attempts) == (State.STOPPED, 2)
     assert [a.outcome for a in attempts_of(down_node)] == ["failed", "failed"]
+    strip = " ".join(operator_client.get("/").content.decode().split())
+    assert 'h100-001</a>, <span class="small">2 power cycles failed:</span>' in strip
+    assert "no answer from the BMC" in strip
     assert recovery_tick(now=timezone.now() + timedelta(days=1))["started"] == []
 
 
