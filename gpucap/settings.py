@@ -247,6 +247,9 @@ SPECTACULAR_SETTINGS = {
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
         "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
         "DiscoveryStateEnum": "gpucap.bmc.models.DiscoveryRun.State",
+        # A plan's trigger keeps the name it had before recovery's attempts had one too.
+        "TriggerEnum": "gpucap.plans.models.Plan.Trigger",
+        "RecoveryTriggerEnum": "gpucap.bmc.recovery_models.RecoveryAttempt.Trigger",
     },
 }
 
@@ -282,6 +285,20 @@ INFERENCE_PROBE_PATH = env_str("INFERENCE_PROBE_PATH", "/v1/models")
 # How often the notices sweep runs (gpucap.notices.tasks.sweep): the most a lost deadline task,
 # or a worker killed while it held a deadline's stop, can delay the stop reaching the driver.
 NOTICES_SWEEP_SECONDS = env_int("NOTICES_SWEEP_SECONDS", 5, minimum=1)
+# The hypervisor watch (docs/bmc.md, Recovery): how often every node's hypervisor is asked
+# whether it answers, how many are asked at once, and how long one may stay silent before its
+# node is marked down.
+HYPERVISOR_WATCH_SECONDS = env_int("HYPERVISOR_WATCH_SECONDS", 30, minimum=1)
+HYPERVISOR_PROBE_CONCURRENCY = env_int("HYPERVISOR_PROBE_CONCURRENCY", 16, minimum=1)
+NODE_DOWN_AFTER_SECONDS = env_int("NODE_DOWN_AFTER_SECONDS", 300, minimum=1)
+# Recovery by power cycle (docs/bmc.md, Recovery; each cluster's policy is in the database): how
+# often the tick runs (automatic cycles started, booting nodes' hypervisors asked), how long a
+# machine has to power off after ForceOff and how often its power is read meanwhile, and the
+# wait before the next automatic cycle after a failed one (doubled each time, at most an hour).
+RECOVERY_TICK_SECONDS = env_int("RECOVERY_TICK_SECONDS", 15, minimum=1)
+RECOVERY_POWER_OFF_TIMEOUT_SECONDS = env_int("RECOVERY_POWER_OFF_TIMEOUT_SECONDS", 120, minimum=1)
+RECOVERY_POLL_SECONDS = env_int("RECOVERY_POLL_SECONDS", 5, minimum=1)
+RECOVERY_BACKOFF_SECONDS = env_int("RECOVERY_BACKOFF_SECONDS", 60, minimum=0)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -347,6 +364,20 @@ CELERY_BEAT_SCHEDULE = {
     "usage-billing-push": {
         "task": "usage.billing_push",
         "schedule": float(env_int("BILLING_PUSH_SECONDS", 60, minimum=1)),
+    },
+    # Nodes whose hypervisor stays silent are marked down (gpucap.bmc.hypervisor_watch); a round
+    # left waiting longer than one interval is dropped (the next one probes afresh).
+    "bmc-hypervisor-watch": {
+        "task": "bmc.hypervisor_watch",
+        "schedule": float(HYPERVISOR_WATCH_SECONDS),
+        "options": {"expires": float(HYPERVISOR_WATCH_SECONDS)},
+    },
+    # Down nodes power-cycled through their BMC where the cluster's policy says so, and booting
+    # ones brought back once their hypervisor answers (gpucap.bmc.power_cycle).
+    "bmc-recovery-tick": {
+        "task": "bmc.recovery_tick",
+        "schedule": float(RECOVERY_TICK_SECONDS),
+        "options": {"expires": float(RECOVERY_TICK_SECONDS)},
     },
 }
 

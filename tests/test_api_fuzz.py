@@ -79,6 +79,8 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/nodes/{id}/join-set/"),
     ("POST", "/api/nodes/{id}/dedicate/"),  # 409: dedicated to another tenant already
     ("POST", "/api/nodes/{id}/release/"),  # 409: a shared node
+    ("POST", "/api/nodes/{id}/power-cycle/"),  # 409: a node that is not down, or has no BMC
+    ("POST", "/api/nodes/{id}/recovery/clear/"),  # 409: a recovery that is not stopped
     ("POST", "/api/pools/"),
     ("PATCH", "/api/pools/{id}/"),
     ("POST", "/api/pools/{id}/floor/"),

@@ -21,6 +21,10 @@ ENDPOINTS = {
     "/api/nodes/{id}/drain-blockers/": {"get"},
     "/api/nodes/{id}/dedicate/": {"post"},
     "/api/nodes/{id}/release/": {"post"},
+    "/api/nodes/{id}/recovery/": {"get"},
+    "/api/nodes/{id}/recovery/clear/": {"post"},
+    "/api/nodes/{id}/power-cycle/": {"post"},
+    "/api/clusters/{id}/recovery-policy/": {"get", "put"},
     "/api/gpus/": {"get"},
     "/api/gpus/{id}/": {"get"},
     "/api/gpus/{id}/health/": {"post"},
@@ -97,6 +101,7 @@ COMMANDS = {
     "/api/capacity-sets/{id}/drain/": (None, "CapacitySetDrain"),
     "/api/nodes/{id}/dedicate/": ("DedicateRequest", "Dedication"),
     "/api/nodes/{id}/release/": (None, "Release"),
+    "/api/nodes/{id}/recovery/clear/": (None, "NodeRecovery"),
     "/api/vms/{id}/reclaim/": ("ReclaimRequest", "Notice"),
     "/api/plans/{id}/approve/": (None, "PlanDetail"),
     "/api/capacity-sets/{id}/mode/": ("CapacitySetModeRequest", "CapacitySetModeResult"),
@@ -170,6 +175,19 @@ def test_a_discovery_is_asked_for_and_applied_with_202_and_the_run(schema):
     assert components["DiscoveryEntryRequest"]["properties"]["password"]["writeOnly"] is True
     assert "password" not in components["DiscoveryStoredEntry"]["properties"]
     assert "password" not in components["BmcCredential"]["properties"]
+
+
+def test_a_power_cycle_is_asked_for_with_no_body_and_answered_202_with_the_recovery(schema):
+    operation = schema["paths"]["/api/nodes/{id}/power-cycle/"]["post"]
+    assert "requestBody" not in operation
+    answer = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert answer == ref("NodeRecovery")
+    policy = schema["paths"]["/api/clusters/{id}/recovery-policy/"]["put"]
+    body = policy["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("RecoveryPolicyUpdateRequest")
+    assert policy["responses"]["200"]["content"]["application/json"]["schema"] == ref(
+        "RecoveryPolicy"
+    )
 
 
 def test_create_and_update_take_input_shapes_and_answer_with_the_full_object(schema):

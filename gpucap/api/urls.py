@@ -7,6 +7,12 @@ from rest_framework.routers import DefaultRouter
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
 from gpucap.bmc.api import DiscoveriesView, DiscoveryApplyView, DiscoveryView, NodeBmcView
+from gpucap.bmc.recovery_api import (
+    ClusterRecoveryPolicyView,
+    NodePowerCycleView,
+    NodeRecoveryClearView,
+    NodeRecoveryView,
+)
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
@@ -91,6 +97,18 @@ urlpatterns = [
         "bmc/discoveries/<int:id>/apply/",
         DiscoveryApplyView.as_view(),
         name="api-bmc-discovery-apply",
+    ),
+    path("nodes/<int:id>/recovery/", NodeRecoveryView.as_view(), name="api-node-recovery"),
+    path(
+        "nodes/<int:id>/recovery/clear/",
+        NodeRecoveryClearView.as_view(),
+        name="api-node-recovery-clear",
+    ),
+    path("nodes/<int:id>/power-cycle/", NodePowerCycleView.as_view(), name="api-node-power-cycle"),
+    path(
+        "clusters/<int:id>/recovery-policy/",
+        ClusterRecoveryPolicyView.as_view(),
+        name="api-cluster-recovery-policy",
     ),
     path(
         "capacity-sets/<int:id>/plan/",

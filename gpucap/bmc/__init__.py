@@ -5,6 +5,9 @@ over Redfish, for discovery, recovery, provisioning and whole-machine rentals.
 ``power`` what it switches;
 ``passwords`` seals the credentials ``models.BmcCredential`` keeps (changed by ``services``);
 ``discovery`` compares what BMCs say with the fleet and applies it (``discovery_file`` reads a
-YAML list of BMCs for ``manage.py bmc_discover``). Recovery, provisioning and bare-metal rentals
-come next (docs/bmc.md says in what order).
+YAML list of BMCs for ``manage.py bmc_discover``); ``hypervisor_watch`` marks down the nodes
+whose hypervisor stays silent, and recovery power-cycles them (``recovery_models``; ``recovery``
+changes its state, ``power_cycle`` speaks to the BMC and runs the tick; ``selectors`` and
+``api`` read and command it). Provisioning and bare-metal rentals come next (docs/bmc.md says
+in what order).
 """

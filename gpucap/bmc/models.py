@@ -162,3 +162,12 @@ class DiscoveryRun(models.Model):
 
     def __repr__(self) -> str:
         return f"<DiscoveryRun {self.pk} state={self.state} entries={len(self.entries)}>"
+
+
+# Recovery's models live in a module of their own; Django finds them through this import.
+from gpucap.bmc.recovery_models import (  # noqa: E402, F401
+    HypervisorProbe,
+    NodeRecovery,
+    RecoveryAttempt,
+    RecoveryPolicy,
+)

@@ -1,11 +1,12 @@
 """What the node page shows (`gpucap.console.views.node_detail` and the dedication panel's
 answers, `gpucap.console.dedication`): its GPUs each with the VM holding it, its partitions,
-recent changes, who holds a drain up, and the tenant it is dedicated to with who still holds
-the dedication up."""
+recent changes, who holds a drain up, the tenant it is dedicated to with who still holds
+the dedication up, and its recovery (`gpucap.console.recovery`)."""
 
 from django import forms
 
 from gpucap.audit.selectors import events_for
+from gpucap.bmc.recovery_selectors import recovery_panel
 from gpucap.bmc.selectors import bmc_panel
 from gpucap.fleet import selectors
 from gpucap.fleet.models import Node
@@ -47,4 +48,5 @@ def node_context(tile: selectors.NodeTile, *, dedicate_form: DedicateForm | None
         "dedicate_form": dedicate_form or DedicateForm(),
         "dedication_holders": dedication_holders(node) if node.dedicated_tenant_id else None,
         "bmc": bmc_panel(node),  # console/node_bmc.html
+        "recovery": recovery_panel(node),
     }

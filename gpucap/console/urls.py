@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import bmc_panel, dedication, reservations, schedule, views
+from gpucap.console import bmc_panel, dedication, recovery, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -75,5 +75,20 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/bmc/discoveries/<int:run_id>/apply/",
         bmc_panel.node_discovery_apply,
         name="node-bmc-apply",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/recovery/",
+        recovery.node_recovery,
+        name="node-recovery",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/power-cycle/",
+        recovery.node_power_cycle,
+        name="node-power-cycle",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/recovery/clear/",
+        recovery.node_recovery_clear,
+        name="node-recovery-clear",
     ),
 ]

@@ -115,6 +115,13 @@ class Driver(Protocol):
     def status(self, instance_id: str, node: str) -> VmStatus:
         """What the hypervisor says now."""
 
+    def hypervisor_answers(self, node: str) -> bool:
+        """Whether the node's hypervisor answers now, within the driver's own timeout. Never
+        raises: a hypervisor that cannot be reached, refuses, or is slower than the timeout
+        does not answer. The hypervisor watch (``gpucap.bmc.hypervisor_watch``) marks a node
+        down when it has not answered for long, and recovery waits for it after a power
+        cycle."""
+
 
 def settings_parse(kind: type[T], raw: Mapping[str, Any] | None, *, driver: str) -> T:
     """Read a driver's settings into ``kind``, a frozen dataclass whose fields are the known

@@ -153,6 +153,10 @@ class LibvirtDriver:
             domain = host.lookup(connection, instance_id)
             return VmStatus(state=MISSING) if domain is None else self._status(domain)
 
+    def hypervisor_answers(self, node: str) -> bool:
+        """The node's libvirt, asked for its version within ``probe_timeout_seconds``."""
+        return host.answers(self.uri_for(node), timeout=self.settings.probe_timeout_seconds)
+
     # --- inside ------------------------------------------------------------------------------
 
     def _fabric_partition(

@@ -38,17 +38,54 @@ _UNREACHABLE_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE, libvirt.V
 
 
 def connect(uri: str) -> libvirt.virConnect:
+    """The kept connection to ``uri``, or a new one. Opened outside the lock: a host that
+    takes its time to answer (an SSH handshake, a hung libvirtd) holds up only its own
+    callers, never those of other nodes."""
     with _connections_lock:
         connection = _connections.get(uri)
         if connection is not None and _alive(connection):
             return connection
+    try:
+        opened = libvirt.open(uri)
+    except libvirt.libvirtError as error:
+        message = error.get_error_message() or str(error)
+        raise DriverUnavailable(f"cannot connect to libvirt at {uri}: {message}") from error
+    with _connections_lock:
+        connection = _connections.get(uri)
+        if connection is not None and _alive(connection):
+            ignoring(opened.close)  # another caller opened one meanwhile: keep theirs
+            return connection
+        _connections[uri] = opened
+        return opened
+
+
+def answers(uri: str, *, timeout: float) -> bool:
+    """Whether the hypervisor at ``uri`` answers: its connection (kept, or opened) asked for
+    libvirt's version within ``timeout`` seconds. A probe still waiting by then counts as no
+    answer; it is left to end on its own in its thread, and the connection it waits on is no
+    longer handed out, so the next caller opens a fresh one."""
+    done = threading.Event()
+    answered: list[bool] = []
+
+    def probe() -> None:
         try:
-            connection = libvirt.open(uri)
-        except libvirt.libvirtError as error:
-            message = error.get_error_message() or str(error)
-            raise DriverUnavailable(f"cannot connect to libvirt at {uri}: {message}") from error
-        _connections[uri] = connection
-        return connection
+            connection = connect(uri)
+            try:
+                connection.getLibVersion()
+                answered.append(True)
+            except libvirt.libvirtError:
+                forget_if_dead(uri, connection)
+        except DriverUnavailable:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=probe, name=f"hypervisor probe {uri}", daemon=True).start()
+    if done.wait(timeout):
+        return bool(answered)
+    with _connections_lock:
+        _connections.pop(uri, None)
+    return False
 
 
 def _alive(connection: libvirt.virConnect) -> bool:

@@ -62,6 +62,8 @@ class LibvirtSettings:
     firmware: str = field(default="efi", metadata={"check": one_of("efi", "bios")})
     grace_seconds: float = field(default=30.0, metadata={"minimum": 0})
     poll_seconds: float = field(default=1.0, metadata={"minimum": 0.01})
+    # How long the hypervisor watch waits for a node's libvirt to say its version.
+    probe_timeout_seconds: float = field(default=10.0, metadata={"minimum": 0.1})
     # False leaves the GPUs out of every domain: for rigs with no GPUs to pass (CI, a lab), so
     # everything else runs for real. Never on a production cluster; its page says so.
     gpu_passthrough: bool = True

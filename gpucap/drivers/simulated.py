@@ -16,6 +16,9 @@ and each test database has a fleet of its own):
   ``HSET gpucap:sim:gpucap:fail:create message "node on fire" transient 1 remaining 3``.
 - ``dead:<instance_id>`` — the model server of that inference replica has died
   (``replica_kill``): its connections drop unanswered while its VM runs on.
+- ``silent:<node>`` — that node's hypervisor does not answer (``hypervisor_silence``), as a
+  node that hung or lost power: its probe says no until the key is gone
+  (``hypervisor_restore``). For a demo: ``SET gpucap:sim:gpucap:silent:h100-004 1``.
 
 A cluster's ``driver_settings`` may also say ``{"fail": {"create": "message"}}`` (or
 ``{"create": {"message": "...", "transient": true}}``): every such call fails while the
@@ -157,6 +160,12 @@ class SimulatedDriver:
         self._fail_if_told("status", instance_id)
         return self._status(*self._read(self._vm_key(instance_id, node)))
 
+    def hypervisor_answers(self, node: str) -> bool:
+        try:
+            return not self.redis.exists(self._silent_key(node))
+        except redis.RedisError:
+            return False  # the simulated fleet itself is out of reach
+
     # --- failure injection ---------------------------------------------------------------------
 
     def failure_inject(
@@ -184,11 +193,20 @@ class SimulatedDriver:
         with self.redis.pipeline() as pipe:
             pipe.delete(key).hset(key, mapping=failure).execute()
 
+    def hypervisor_silence(self, node: str) -> None:
+        """The node's hypervisor stops answering (a hung host, a power loss) until
+        ``hypervisor_restore``. Its VMs are left as they are."""
+        self.redis.set(self._silent_key(node), 1)
+
+    def hypervisor_restore(self, node: str) -> None:
+        self.redis.delete(self._silent_key(node))
+
     def failures_clear(self) -> None:
         self._delete_matching(f"{self._prefix}fail:*")
 
     def reset(self) -> None:
-        """Forget every VM, injected failure and dead replica of this namespace."""
+        """Forget every VM, injected failure, dead replica and silent hypervisor of this
+        namespace."""
         self._delete_matching(f"{self._prefix}*")
 
     # --- the model servers of inference replicas ----------------------------------------------
@@ -273,6 +291,9 @@ class SimulatedDriver:
 
     def _vm_key(self, instance_id: str, node: str) -> str:
         return f"{self._prefix}vm:{node}:{instance_id}"
+
+    def _silent_key(self, node: str) -> str:
+        return f"{self._prefix}silent:{node}"
 
     def _failure_key(self, operation: str, instance_id: str | None) -> str:
         suffix = f":{instance_id}" if instance_id else ""

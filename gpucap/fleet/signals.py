@@ -24,3 +24,10 @@ node_went_down = Signal()
 # or stop being "dedicated" GPU time) and opens the next. Sent inside the transaction that
 # changed the node. Argument: ``node_id``.
 node_dedication_changed = Signal()
+
+# A GPU's health became failed (``gpu_set_health``, whoever called it: discovery, the API, the
+# fleet file). Notices (``gpucap/notices/receivers.py``) gives every running VM holding the card
+# a drain notice and stops it at the deadline, on-demand VMs too: their card is broken. Sent
+# inside the transaction that changed the health, only when it changed. Arguments: ``gpu_id``,
+# ``node_id``, ``actor`` (who set it failed; None for the system).
+gpu_failed = Signal()

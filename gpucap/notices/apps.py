@@ -6,6 +6,7 @@ class NoticesConfig(AppConfig):
     verbose_name = "Interruption notices"
 
     def ready(self) -> None:
+        from gpucap.fleet.signals import gpu_failed
         from gpucap.notices import receivers
         from gpucap.rentals.signals import guest_shut_down_early, vm_transitioned
 
@@ -15,4 +16,7 @@ class NoticesConfig(AppConfig):
         guest_shut_down_early.connect(
             receivers.notice_ends_as_guest_shutdown,
             dispatch_uid="notices.notice_ends_as_guest_shutdown",
+        )
+        gpu_failed.connect(
+            receivers.notices_follow_failed_gpu, dispatch_uid="notices.notices_follow_failed_gpu"
         )

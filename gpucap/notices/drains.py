@@ -8,6 +8,11 @@ a GPU of the node any more it ends ``cordoned``: checked whenever a VM lets go o
 (``gpucap.notices.receivers``, on ``vm_transitioned``) and by the periodic sweep, which also
 warns VMs that were still booting when the drain began. Cancelling a drain is an uncordon;
 notices already sent keep their deadlines. Running any of this twice is harmless.
+
+A failed card is drained on its own (``gpu_failed_warn``, on the fleet's ``gpu_failed``): every
+running VM holding it gets a ``drain`` notice and is stopped at the deadline, on-demand VMs
+included, unlike a node drain: their card is broken, so waiting for them helps nobody. The sweep
+also warns a VM that was still booting on the card when it failed.
 """
 
 from django.db import transaction
@@ -15,7 +20,7 @@ from django.db import transaction
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
-from gpucap.fleet.models import CapacitySet, Node, Pool
+from gpucap.fleet.models import CapacitySet, Gpu, Node, Pool
 from gpucap.notices.models import InterruptionNotice
 from gpucap.notices.services import notice_issue
 from gpucap.rentals.models import VirtualMachine
@@ -118,16 +123,67 @@ def drains_sweep() -> list[int]:
     return finished
 
 
+@transaction.atomic
+def gpu_failed_warn(*, gpu_id: int, actor: Actor = None) -> list[InterruptionNotice]:
+    """Give every running VM holding the failed GPU ``gpu_id`` a drain notice; each is stopped
+    at its deadline, whatever its pool. A card that is not failed (healed meanwhile) warns
+    nobody; a VM with an open notice keeps it and its deadline, so running this twice sends no
+    second notice."""
+    gpu = Gpu.objects.select_related("node").filter(pk=gpu_id, health=Gpu.Health.FAILED).first()
+    if gpu is None:
+        return []
+    vms = VirtualMachine.objects.filter(
+        state=VirtualMachine.State.RUNNING,
+        allocations__gpu=gpu,
+        allocations__released_at__isnull=True,
+    )
+    return _warn(vms, actor=actor, message=_gpu_failed_words(gpu))
+
+
+def gpu_failed_sweep() -> list[InterruptionNotice]:
+    """The periodic follow-up of failed cards: warn the VMs that were still booting on one when
+    it failed (only running VMs can be warned), and any a lost signal missed."""
+    gpus = (
+        Gpu.objects.filter(
+            health=Gpu.Health.FAILED,
+            allocations__released_at__isnull=True,
+            allocations__vm__state=VirtualMachine.State.RUNNING,
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    return [notice for gpu_id in gpus for notice in gpu_failed_warn(gpu_id=gpu_id)]
+
+
+def _gpu_failed_words(gpu: Gpu) -> str:
+    return f"GPU {gpu.index} of node {gpu.node.hostname} failed: the VM is stopped at the deadline"
+
+
 def _warn_drained_vms(node: Node, *, actor: Actor, message: str) -> list[InterruptionNotice]:
-    """Give each running spot VM and inference replica of ``node`` a drain notice (a VM that
-    has an open notice keeps it and its deadline)."""
+    """Give each running spot VM and inference replica of ``node`` a drain notice."""
     vms = VirtualMachine.objects.filter(
         node=node, state=VirtualMachine.State.RUNNING, pool__kind__in=DRAINED_KINDS
-    ).order_by("pk")
-    return [
-        notice_issue(vm=vm, reason=InterruptionNotice.Reason.DRAIN, actor=actor, message=message)
-        for vm in vms
-    ]
+    )
+    return _warn(vms, actor=actor, message=message)
+
+
+def _warn(vms, *, actor: Actor, message: str) -> list[InterruptionNotice]:
+    """A drain notice to each of ``vms``, one at a time under its own lock (``notice_issue``):
+    a VM that has an open notice keeps it and its deadline, and one that stopped running since
+    it was listed is left as it is."""
+    notices = []
+    for vm in vms.order_by("pk").distinct():
+        try:
+            notices.append(
+                notice_issue(
+                    vm=vm, reason=InterruptionNotice.Reason.DRAIN, actor=actor, message=message
+                )
+            )
+        except Conflict as refused:
+            if refused.code != "not_running":
+                raise
+    return notices
 
 
 @transaction.atomic

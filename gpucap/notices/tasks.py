@@ -40,10 +40,12 @@ def deadline_stop(notice_id: int) -> bool:
 @shared_task(name="notices.sweep")
 def sweep() -> int:
     """Stop every VM whose notice is overdue, send again the stops a dead worker held, then
-    follow up drains and dedications. Returns the stops made (not counting the ones sent again)."""
+    follow up drains, failed cards and dedications. Returns the stops made (not counting the
+    ones sent again)."""
     stopped = services.notices_sweep()
     services.notice_stops_resend()
     drains.drains_sweep()
+    drains.gpu_failed_sweep()
     dedications.dedications_sweep()
     return len(stopped)
 

@@ -1,8 +1,8 @@
 """What needs an operator's attention, for the strip on the page operators land on: plans
-awaiting approval, notices due soonest, failed GPUs, nodes not ready, pending requests by age
-and billing push failures. Each is a count and the few most urgent entries, read in one query
-(the count is a window over the whole match, taken before the LIMIT), so the strip costs six
-queries whatever the fleet's size."""
+awaiting approval, notices due soonest, failed GPUs, nodes whose recovery stopped, nodes not
+ready, pending requests by age and billing push failures. Each is a count and the few most
+urgent entries, read in one query (the count is a window over the whole match, taken before the
+LIMIT), so the strip costs seven queries whatever the fleet's size."""
 
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db.models import Case, Count, Q, QuerySet, Value, When, Window
 from django.utils import timezone
 
+from gpucap.bmc.recovery_selectors import recoveries_stopped
 from gpucap.fleet.models import CapacitySet, Gpu, Node
 from gpucap.notices.models import InterruptionNotice
 from gpucap.plans.models import Plan
@@ -40,6 +41,7 @@ class Attention:
     plans: AttentionItem
     notices: AttentionItem
     failed_gpus: AttentionItem
+    recovery_stopped: AttentionItem
     nodes_not_ready: AttentionItem
     pending_vms: AttentionItem
     billing: AttentionItem
@@ -51,6 +53,7 @@ class Attention:
             self.plans,
             self.notices,
             self.failed_gpus,
+            self.recovery_stopped,
             self.nodes_not_ready,
             self.pending_vms,
             self.billing,
@@ -63,14 +66,16 @@ class Attention:
 
 
 def attention(*, now: datetime | None = None, entries: int = ATTENTION_ENTRIES) -> Attention:
-    """Everything the strip shows. Six queries, whatever the number of sets, nodes, GPUs, VMs
-    or notices."""
+    """Everything the strip shows. Seven queries, whatever the number of sets, nodes, GPUs,
+    VMs or notices."""
     now = now or timezone.now()
     return Attention(
         now=now,
         plans=_item("plans", plans_awaiting_approval(), entries),
         notices=_item("notices", open_notices_due_soonest(), entries),
         failed_gpus=_item("failed_gpus", failed_gpus(), entries),
+        # Power cycles failed (or a BMC refused) and automation gave up: an operator's turn.
+        recovery_stopped=_item("recovery_stopped", recoveries_stopped(), entries),
         nodes_not_ready=_item("nodes_not_ready", nodes_not_ready(), entries),
         pending_vms=_item("pending_vms", pending_vms_oldest_first(), entries),
         billing=_billing_failures(),

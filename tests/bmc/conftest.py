@@ -11,6 +11,10 @@ import pytest
 
 from tests.bmc.emulators import DynamicBmc, PlainHttp, RefusingBmc, StaticBmc
 
+# Recovery acts on nodes and VMs: the rentals fixtures (VMs in any state, captured tasks, the
+# simulated fleet, real workers) serve these tests too.
+from tests.rentals.conftest import celery_queue, sent_tasks, sim, vm_in, workers  # noqa: F401
+
 # A sealing key for the tests: pytest-django runs with DEBUG off, as production does, so the
 # developer's key derived from SECRET_KEY is not used; a test that wants other keys sets them.
 TEST_KEY = "dGVzdHMtb25seS1ibWMta2V5LTMyLWJ5dGVzLWxvbmc="
@@ -49,16 +53,3 @@ def not_found_server():
 def dynamic_bmc():
     with DynamicBmc() as bmc:
         yield bmc
-
-
-@pytest.fixture
-def sent_tasks(monkeypatch) -> list[tuple[str, list]]:
-    """Every task a service sends, as ``(name, args)``, instead of going to the broker; with
-    ``django_capture_on_commit_callbacks(execute=True)`` it shows what is sent on commit."""
-    from gpucap.celery import app
-
-    sent: list[tuple[str, list]] = []
-    monkeypatch.setattr(
-        app, "send_task", lambda name, args=None, **options: sent.append((name, list(args or [])))
-    )
-    return sent

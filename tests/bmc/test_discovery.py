@@ -12,7 +12,9 @@ from gpucap.bmc.discovery import DiscoveryEntry, DiscoveryError, discovery_entry
 from gpucap.bmc.models import BmcCredential, NodeInventory
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Gpu, Node
+from gpucap.notices.models import InterruptionNotice
 from tests.bmc.emulators import StaticBmc, free_port, mockup_copy
+from tests.rentals.vm_helpers import running_vm
 
 PCI_ORDER = [f"0000:{bus}:00.0" for bus in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")]
 
@@ -186,3 +188,34 @@ def test_a_registered_node_whose_count_differs_is_refused(east, gpu_server_bmc):
     assert caught.value.problems == [
         "node h100-001: gpus: cannot change in place (registered 4, the BMC says 8)"
     ]
+
+
+def test_a_card_the_bmc_says_failed_has_its_vm_warned_with_a_drain_notice(east, tenant, tmp_path):
+    healthy = mockup_copy(tmp_path / "healthy")
+    _edit(healthy, "GPU_SXM_6", Status={"State": "Enabled", "Health": "OK"})
+    with StaticBmc(healthy) as bmc:
+        discovery_run(entries=[_entry(bmc.url)], dry_run=False)
+    node = Node.objects.get(hostname="h100-001")
+    pool = fleet.pool_create(
+        name="h100-rent",
+        kind="on_demand",
+        cluster=east,
+        rank=1,
+        gpu_model="H100-SXM5-80GB",
+        fabric="nvswitch",
+    )
+    fleet.pool_set_tenants(pool=pool, tenants=[tenant])
+    fleet.image_create(cluster=east, name="ubuntu-24.04-cuda-12.6", base_image="/images/u.qcow2")
+    vm = running_vm(tenant, pool, node, [5], name="train", ip="10.0.0.9")
+
+    with StaticBmc() as bmc:  # the shipped mockup: SXM6, the host's GPU 5, Critical
+        node = fleet.node_update(node=node, bmc_address=bmc.url)
+        discovery_run(entries=[discovery_entry(node)], dry_run=False)
+
+    vm.refresh_from_db()
+    assert vm.state == "notified"
+    notice = InterruptionNotice.objects.get(vm=vm)
+    assert (notice.reason, notice.message) == (
+        "drain",
+        "GPU 5 of node h100-001 failed: the VM is stopped at the deadline",
+    )

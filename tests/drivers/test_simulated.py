@@ -366,3 +366,40 @@ def test_an_unreachable_redis_is_a_transient_error(sim_namespace):
         driver.create(vm_spec("vm-1"))
     with pytest.raises(DriverUnavailable, match="simulated fleet unreachable"):
         driver.status("vm-1", "h100-001")
+
+
+# --- the hypervisor probe ------------------------------------------------------------------------
+
+
+def test_a_silenced_hypervisor_does_not_answer_until_restored(simulated, sim_namespace):
+    driver = simulated()
+    driver.create(vm_spec("vm-81"))
+    other = SimulatedDriver(namespace=sim_namespace)  # another worker's view
+
+    assert driver.hypervisor_answers("h100-001") is True
+    driver.hypervisor_silence("h100-001")
+
+    assert other.hypervisor_answers("h100-001") is False
+    assert other.hypervisor_answers("h100-002") is True  # only that node
+    assert driver.status("vm-81", "h100-001").state == "running"  # its VMs are left as they are
+
+    other.hypervisor_restore("h100-001")
+    assert driver.hypervisor_answers("h100-001") is True
+
+
+def test_a_hypervisor_can_be_silenced_with_plain_redis_commands(simulated, sim_namespace):
+    driver = simulated()
+    driver.redis.set(f"gpucap:sim:{sim_namespace}:silent:h100-004", 1)
+
+    assert driver.hypervisor_answers("h100-004") is False
+    driver.reset()
+    assert driver.hypervisor_answers("h100-004") is True
+
+
+def test_with_redis_out_of_reach_no_hypervisor_answers(sim_namespace):
+    driver = SimulatedDriver(
+        namespace=sim_namespace,
+        redis_client=redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0)),
+    )
+
+    assert driver.hypervisor_answers("h100-001") is False

@@ -218,6 +218,7 @@ def world_build() -> World:
         ("deployments", "pk"): deployment.pk,
         ("api-keys", "pk"): api_key.pk,
         ("clusters", "pk"): east["cluster"].pk,
+        ("clusters", "id"): east["cluster"].pk,
         ("nodes", "pk"): node.pk,
         ("nodes", "id"): node.pk,
         ("gpus", "pk"): gpu.pk,

@@ -167,6 +167,13 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/nodes/<id>/bmc/",
         "/api/bmc/discoveries/<id>/",
         "/api/bmc/discoveries/<id>/apply/",
+        "/api/nodes/<id>/recovery/",
+        "/api/nodes/<id>/recovery/clear/",
+        "/api/nodes/<id>/power-cycle/",
+        "/api/clusters/<id>/recovery-policy/",
+        "/fleet/nodes/<cluster>/<hostname>/recovery/",
+        "/fleet/nodes/<cluster>/<hostname>/power-cycle/",
+        "/fleet/nodes/<cluster>/<hostname>/recovery/clear/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)

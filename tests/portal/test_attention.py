@@ -1,6 +1,7 @@
 """The operators' landing page: what needs attention (plans awaiting approval, open notices
-due soonest, failed GPUs, nodes not ready, pending requests by age, billing push failures),
-each a count and the most urgent few, linking to where it is handled."""
+due soonest, failed GPUs, nodes whose recovery stopped, nodes not ready, pending requests by
+age, billing push failures), each a count and the most urgent few, linking to where it is
+handled."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -8,6 +9,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from gpucap.bmc import recovery
+from gpucap.bmc.recovery_models import NodeRecovery
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Gpu
 from gpucap.notices import drains
@@ -192,16 +195,20 @@ def test_the_landing_page_runs_a_fixed_number_of_queries_whatever_the_fleet_size
             fleet.gpu_set_health(gpu=node.gpus.get(index=0), health="failed")
             drains.node_drain(node=node, actor=operator)
             request_vm(tenant, pools["l40s-ondemand"], name=f"{prefix}-wait-{number}")
+            NodeRecovery.objects.create(
+                node=node, state="stopped", attempts=3, last_error="no answer from the BMC"
+            )
         request_vm(tenant, pools["h100-spot"], name=f"{prefix}-big", gpu_count=8)
         plans.plan_make(capacity_set=fleet_east["sets"]["h100-east"])
 
     grow("small")
-    # session, user, operator group; plans, notices, failed GPUs, nodes, pending VMs, billing.
-    with django_assert_num_queries(9):
+    # session, user, operator group; plans, notices, failed GPUs, recoveries stopped, nodes,
+    # pending VMs, billing.
+    with django_assert_num_queries(10):
         small = operator_client.get(HOME)
     grow("large")
     grow("larger")
-    with django_assert_num_queries(9):
+    with django_assert_num_queries(10):
         large = operator_client.get(HOME)
 
     assert section(small.content.decode(), "attention-nodes").count("<li>") == 3
@@ -218,3 +225,27 @@ def test_a_member_of_several_tenants_still_picks_one(tenant, other_tenant, membe
     page = client.get(HOME).content.decode()
 
     assert "Your tenants" in page and "Needs attention" not in page
+
+
+def test_a_node_whose_recovery_stopped_is_listed_until_an_operator_clears_it(
+    operator_client, operator, fleet_east
+):
+    node = fleet.node_set_state(node=fleet_east["nodes"]["h100-002"], state="down")
+    NodeRecovery.objects.filter(node=node).update(
+        state="stopped",
+        attempts=3,
+        last_error="node h100-002: no answer from the BMC at https://10.0.0.5 (connection refused)",
+    )
+
+    strip = section(operator_client.get(HOME).content.decode(), "attention-recovery")
+
+    assert '<span class="attention-count">1</span>' in strip
+    text = " ".join(strip.split())
+    assert (
+        f'recovery stopped: <a href="{node_url("h100-002")}">h100-002</a>, '
+        '<span class="small">3 power cycles failed:</span> <span class="bad small">node '
+        "h100-002: no answer from the BMC at https://10.0.0.5 (connection refused)</span>"
+    ) in text
+
+    recovery.recovery_clear(node=node, actor=operator)
+    assert 'id="attention-recovery"' not in operator_client.get(HOME).content.decode()

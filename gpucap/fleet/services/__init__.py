@@ -27,18 +27,21 @@ from gpucap.fleet.services.fabric import (
 )
 from gpucap.fleet.services.gpus import gpu_replace
 from gpucap.fleet.services.images import image_create, image_delete, image_update
+from gpucap.fleet.services.node_states import (
+    node_cordon,
+    node_recovered,
+    node_set_state,
+    node_uncordon,
+)
 from gpucap.fleet.services.nodes import (
     generated_gpu,
     gpu_set_health,
-    node_cordon,
     node_create,
     node_delete,
     node_guest_network_busy,
     node_guest_network_problems,
     node_join_set,
     node_leave_set,
-    node_set_state,
-    node_uncordon,
     node_update,
 )
 from gpucap.fleet.services.pools import (
@@ -76,6 +79,7 @@ __all__ = [
     "node_guest_network_problems",
     "node_join_set",
     "node_leave_set",
+    "node_recovered",
     "node_set_dedicated_tenant",
     "node_set_fabric_partitions",
     "node_set_module_ids",

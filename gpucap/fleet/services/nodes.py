@@ -1,12 +1,11 @@
-"""Nodes and their GPUs: registering, describing, moving between states, joining and leaving
-capacity sets, and forgetting them."""
+"""Nodes and their GPUs: registering, describing, joining and leaving capacity sets, a card's
+health, and forgetting them. A node's state moves live in ``node_states``."""
 
 import uuid
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
-from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
@@ -15,7 +14,7 @@ from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric,
 from gpucap.fleet.services._common import capacity_set_bump, delete_unused, field_change, lock_set
 from gpucap.fleet.services.capacity_sets import capacity_set_gpu_total
 from gpucap.fleet.services.fabric import fabric_ids_kept, module_id_problem, module_ids_problem
-from gpucap.fleet.signals import node_went_down
+from gpucap.fleet.signals import gpu_failed
 
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -277,71 +276,15 @@ def _save_guest_network(node: Node, *, create: bool) -> None:
         ) from None
 
 
-# Which states an operator may move a node between, and the audit verb for each move.
-_NODE_TRANSITIONS = {
-    ("ready", "cordoned"): "node.cordon",
-    ("draining", "cordoned"): "node.cordon",
-    ("cordoned", "ready"): "node.uncordon",
-    ("draining", "ready"): "node.uncordon",
-    ("ready", "down"): "node.mark_down",
-    ("cordoned", "down"): "node.mark_down",
-    ("draining", "down"): "node.mark_down",
-    ("down", "cordoned"): "node.mark_up",
-    # Started only by gpucap.notices.drains.node_drain, which also warns the node's guests.
-    ("ready", "draining"): "node.drain",
-    ("cordoned", "draining"): "node.drain",
-}
-
-
-@transaction.atomic
-def node_set_state(*, node: Node, state: str, actor: Actor = None, message: str = "") -> Node:
-    """Move a node between ready/cordoned/down. A node back from down stays cordoned until an
-    operator uncordons it (it may need checks first). Draining is started by the drain service.
-    A node marked down takes its VMs with it (``signals.node_went_down``)."""
-    if state not in Node.State.values:
-        raise ValidationError({"state": f"unknown state {state!r}"})
-    # FOR NO KEY UPDATE, as every node and GPU lock here but a delete's: a placement on this
-    # node holds its set's row (the generation bump) until its commit checks its references to
-    # the node and GPUs (deferred foreign keys, FOR KEY SHARE). FOR UPDATE would wait for that
-    # check while the placement waits for our bump: a deadlock (tests/notices/test_drain_race.py).
-    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
-    if node.state == state:
-        return node
-    verb = _NODE_TRANSITIONS.get((node.state, state))
-    if verb is None:
-        raise Conflict(f"node {node.hostname} is {node.state}; it cannot become {state}")
-    before = node.state
-    Node.objects.filter(pk=node.pk, state=before).update(state=state, updated_at=timezone.now())
-    node.state = state
-    capacity_set_bump(capacity_set_id=node.capacity_set_id)
-    audit_record(
-        actor=actor,
-        verb=verb,
-        target=node,
-        before={"state": before},
-        after={"state": state},
-        message=message,
-    )
-    if state == Node.State.DOWN:
-        # Its VMs are lost with it (rentals follows: spot back to pending, the rest failed).
-        node_went_down.send(sender=Node, node_id=node.pk, hostname=node.hostname, message=message)
-    return node
-
-
-def node_cordon(*, node: Node, actor: Actor = None) -> Node:
-    return node_set_state(node=node, state=Node.State.CORDONED, actor=actor)
-
-
-def node_uncordon(*, node: Node, actor: Actor = None) -> Node:
-    return node_set_state(node=node, state=Node.State.READY, actor=actor)
-
-
 @transaction.atomic
 def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
+    """Mark a card ok or failed. A failed card takes no placement, and the VMs on it are warned
+    and stopped (``signals.gpu_failed``)."""
     if health not in Gpu.Health.values:
         raise ValidationError({"health": f"unknown health {health!r}; choose ok or failed"})
     gpu = Gpu.objects.select_for_update(no_key=True).select_related("node").get(pk=gpu.pk)
-    return field_change(
+    was = gpu.health
+    gpu = field_change(
         gpu,
         "health",
         health,
@@ -349,6 +292,10 @@ def gpu_set_health(*, gpu: Gpu, health: str, actor: Actor = None) -> Gpu:
         actor=actor,
         capacity_set_id=gpu.node.capacity_set_id,
     )
+    if was != Gpu.Health.FAILED and health == Gpu.Health.FAILED:
+        # The VMs on the card are warned and stopped (notices follows the signal).
+        gpu_failed.send(sender=Gpu, gpu_id=gpu.pk, node_id=gpu.node_id, actor=actor)
+    return gpu
 
 
 @transaction.atomic
