@@ -12,7 +12,8 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, OperatorCommand
-from gpucap.bmc import recovery, selectors
+from gpucap.bmc import recovery
+from gpucap.bmc import recovery_selectors as selectors
 from gpucap.bmc.recovery_models import (
     BOOT_TIMEOUT_SECONDS_MAX,
     GRACE_SECONDS_MAX,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings
 from django.db import connections
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -314,7 +315,8 @@ def test_two_driver_objects_see_the_same_fleet(simulated, sim_namespace):
     other = SimulatedDriver(
         {"boot_seconds": 0},
         namespace=sim_namespace,
-        redis_client=redis.Redis(host="127.0.0.1", port=6379, decode_responses=True),
+        # A client of its own on the same Redis, as another process has.
+        redis_client=redis.Redis.from_url(settings.REDIS_URL, decode_responses=True),
     )
 
     one.create(vm_spec("vm-61"))
