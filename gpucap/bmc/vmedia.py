@@ -100,8 +100,10 @@ def _cd_drive(root: sushy.Sushy, target: BmcTarget):
     system = bmc_call(target, lambda: system_of(root, target))
 
     def find():
-        collections = []
-        for owner in [*system.managers, system]:
+        managers, collections = [], []
+        with contextlib.suppress(sushy_errors.MissingAttributeError):
+            managers = system.managers  # a system may link no manager
+        for owner in [*managers, system]:
             # A manager or a system without virtual media links none.
             with contextlib.suppress(sushy_errors.MissingAttributeError):
                 collections.append(owner.virtual_media)
