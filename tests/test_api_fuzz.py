@@ -78,6 +78,7 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/nodes/{id}/join-set/"),
     ("POST", "/api/nodes/{id}/dedicate/"),  # 409: dedicated to another tenant already
     ("POST", "/api/nodes/{id}/release/"),  # 409: a shared node
+    ("POST", "/api/nodes/{id}/provisioning/"),  # 409: a node in service; an http(s) URL
     ("POST", "/api/pools/"),
     ("PATCH", "/api/pools/{id}/"),
     ("POST", "/api/pools/{id}/floor/"),

@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
+from gpucap.bmc.api import NodeProvisioningView
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
@@ -82,6 +83,11 @@ urlpatterns = [
     ),
     path("nodes/<int:id>/dedicate/", NodeDedicateView.as_view(), name="api-node-dedicate"),
     path("nodes/<int:id>/release/", NodeReleaseView.as_view(), name="api-node-release"),
+    path(
+        "nodes/<int:id>/provisioning/",
+        NodeProvisioningView.as_view(),
+        name="api-node-provisioning",
+    ),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
     path(
         "capacity-sets/<int:id>/plan/",

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import dedication, reservations, schedule, views
+from gpucap.console import dedication, provisioning, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -64,5 +64,10 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/release/",
         dedication.node_release,
         name="node-release",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/provisioning/",
+        provisioning.node_provisioning,
+        name="node-provisioning",
     ),
 ]

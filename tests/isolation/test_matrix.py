@@ -162,6 +162,8 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/tenants/<pk>/dedicated-nodes/",
         "/fleet/nodes/<cluster>/<hostname>/dedicate/",
         "/fleet/nodes/<cluster>/<hostname>/release/",
+        "/api/nodes/<id>/provisioning/",
+        "/fleet/nodes/<cluster>/<hostname>/provisioning/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)
