@@ -45,11 +45,13 @@ class Server:
         with _connection(self.uri) as connection:
             return connection.lookupByUUIDString(self.uuid).ID()
 
-    def domain_xml(self) -> ET.Element:
-        """The domain's persistent definition (what it boots with next)."""
+    def domain_xml(self, *, live: bool = False) -> ET.Element:
+        """The domain's persistent definition (what it boots with next), or with ``live`` the
+        running QEMU process's."""
         with _connection(self.uri) as connection:
             domain = connection.lookupByUUIDString(self.uuid)
-            return ET.fromstring(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
+            return ET.fromstring(domain.XMLDesc(flags))
 
     def boots(self) -> int:
         """How many times the guest has come up since the domain was defined."""
