@@ -8,10 +8,13 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connections
 from django.utils import timezone
 
+from gpucap import locks
 from gpucap.audit.models import AuditEvent
 from gpucap.bmc import provisioning as runs
+from gpucap.bmc import tasks
 from gpucap.bmc.models import Provisioning
 from gpucap.bmc.services import bmc_credential_set, bmc_target
 from gpucap.bmc.vmedia import boot_override_read, virtual_media_eject, virtual_media_read
@@ -270,3 +273,24 @@ def test_a_bmc_that_does_not_answer_is_tried_again_until_the_deadline(node, imag
         r"could not be read \(.*\)",
         run.message,
     ), run.message
+
+
+def test_a_step_that_finds_another_at_work_leaves_the_run_to_it(node, images, operator, emulator):
+    """Two workers stepping one run: the second finds the run's lock taken and does nothing."""
+    run = _run(node, images, operator)
+    images.fetched.clear()
+    key = locks.key(locks.PROVISIONING, run.pk)
+    other = connections.create_connection("default")  # another worker's database session
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", key)
+
+        assert tasks.provision_step(run.pk) is None
+
+        assert Provisioning.objects.get(pk=run.pk).state == State.INSERTING
+        assert images.fetched == []
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+    finally:
+        other.close()
+    assert tasks.provision_step(run.pk) == State.WAITING
