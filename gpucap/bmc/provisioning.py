@@ -211,9 +211,15 @@ def _booting(provisioning: Provisioning, target: BmcTarget) -> None:
     try:
         system_reset(target, reset)
     except BmcError as error:
+        # Never asked again, even when the BMC did not answer: it may have done it.
         provisioning.refresh_from_db()
-        # Not tried again: a reset is asked for once (docs/bmc.md).
-        _finish(provisioning, State.FAILED, f"the reset was not done: {error.message}", target)
+        if error.transient:
+            message = (
+                f"the BMC did not confirm the reset, which is not asked again: {error.message}"
+            )
+        else:
+            message = error.message
+        _finish(provisioning, State.FAILED, message, target)
         return
     _move(provisioning, State.BOOTING, State.WAITING, message="")
 

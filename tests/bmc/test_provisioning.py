@@ -14,8 +14,9 @@ from django.utils import timezone
 from gpucap import locks
 from gpucap.audit.models import AuditEvent
 from gpucap.bmc import provisioning as runs
-from gpucap.bmc import tasks
+from gpucap.bmc import redfish, tasks
 from gpucap.bmc.models import Provisioning
+from gpucap.bmc.redfish import BmcError
 from gpucap.bmc.services import bmc_credential_set, bmc_target
 from gpucap.bmc.vmedia import boot_override_read, virtual_media_eject, virtual_media_read
 from gpucap.errors import Conflict
@@ -294,3 +295,29 @@ def test_a_step_that_finds_another_at_work_leaves_the_run_to_it(node, images, op
     finally:
         other.close()
     assert tasks.provision_step(run.pk) == State.WAITING
+
+
+def test_a_refused_reset_ends_the_run_and_is_never_asked_again(
+    node, images, operator, emulator, monkeypatch
+):
+    def refuse(target, reset):
+        raise BmcError(
+            f"{target.name}: the BMC at {target.url} refused ComputerSystem.Reset "
+            "(HTTP 409: the system is in a firmware update)",
+            kind=redfish.REFUSED,
+        )
+
+    monkeypatch.setattr(runs, "system_reset", refuse)
+    run = _run(node, images, operator)
+
+    step = runs.provisioning_advance(run.pk)
+    runs.provisioning_advance(run.pk)
+
+    run.refresh_from_db()
+    assert step.state == State.FAILED
+    assert run.message == (
+        f"node h100-001: the BMC at {emulator.url} refused ComputerSystem.Reset (HTTP 409: the "
+        "system is in a firmware update); the image was still inserted and is ejected now"
+    )
+    assert run.reset_at is not None
+    assert virtual_media_read(bmc_target(node)).inserted is False
