@@ -25,6 +25,7 @@ from schemathesis.config import SchemathesisConfig
 
 from gpucap.allocation import services as allocation
 from gpucap.allocation.models import Reservation, TenantQuota
+from gpucap.bmc.models import DiscoveryRun
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -92,6 +93,9 @@ BEYOND_THE_SCHEMA = [
     ("PATCH", "/api/quotas/{id}/"),
     ("POST", "/api/reservations/"),  # whole blocks, the set's GPUs, no overlap
     ("PATCH", "/api/reservations/{id}/"),
+    ("POST", "/api/bmc/discoveries/"),  # clusters that exist; at least one entry
+    ("POST", "/api/bmc/discoveries/{id}/apply/"),  # 409: not a preview (any more)
+    ("PUT", "/api/nodes/{id}/bmc/"),  # a node with a BMC address; a password the first time
 ]
 
 CONFIG = SchemathesisConfig.from_dict(
@@ -183,6 +187,25 @@ def fleet_of_two_tenants(
         data={"name": "acme-8", "gpus": 8, "block_gpus": 8, "always": True},
         actor=operator,
     )
+    # A discovery previewed (its BMC read as a worker would have), ready to be applied.
+    DiscoveryRun.objects.create(
+        requested_by=operator,
+        state=DiscoveryRun.State.PREVIEWED,
+        entries=[
+            {
+                "cluster": "east",
+                "address": "https://10.0.0.5",
+                "username": "admin",
+                "verify_tls": True,
+                "hostname": "h100-009",
+                "gpu_model": "",
+                "fabric": "nvswitch",
+                "system_id": "",
+            }
+        ],
+        passwords_sealed=[""],
+        digest="0" * 64,
+    )
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -223,6 +246,7 @@ PATH_OBJECTS = {
     "simulations": SimulationRun,
     "quotas": TenantQuota,
     "reservations": Reservation,
+    "bmc": DiscoveryRun,  # /api/bmc/discoveries/{id}/
     "invitation_id": Invitation,
     "membership_id": Membership,
 }

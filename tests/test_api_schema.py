@@ -78,6 +78,10 @@ ENDPOINTS = {
     "/api/reservations/": {"get", "post"},
     "/api/reservations/{id}/": {"get", "patch", "delete"},
     "/api/capacity-sets/{id}/reservations/": {"get"},
+    "/api/nodes/{id}/bmc/": {"get", "put", "delete"},
+    "/api/bmc/discoveries/": {"get", "post"},
+    "/api/bmc/discoveries/{id}/": {"get"},
+    "/api/bmc/discoveries/{id}/apply/": {"post"},
 }
 
 # Command -> (request component or None, response component).
@@ -105,7 +109,11 @@ COMMANDS = {
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers
 # the fresh plan and what changed along with its `error`.
-RICHER_ERRORS = {("/api/plans/{id}/approve/", "409"): "StalePlanError"}
+# A refused apply of a discovery answers the fresh preview along with its `error`.
+RICHER_ERRORS = {
+    ("/api/plans/{id}/approve/", "409"): "StalePlanError",
+    ("/api/bmc/discoveries/{id}/apply/", "409"): "StaleDiscoveryError",
+}
 
 
 @pytest.fixture
@@ -147,6 +155,22 @@ def test_a_simulation_is_asked_for_with_its_request_and_answered_202_with_the_ru
     assert answer == ref("SimulationRunDetail")
     state = schema["components"]["schemas"]["SimulationRun"]["properties"]["state"]
     assert state == ref("SimulationStateEnum")
+
+
+def test_a_discovery_is_asked_for_and_applied_with_202_and_the_run(schema):
+    create = schema["paths"]["/api/bmc/discoveries/"]["post"]
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("DiscoveryRequestRequest")
+    for path in ("/api/bmc/discoveries/", "/api/bmc/discoveries/{id}/apply/"):
+        answer = schema["paths"][path]["post"]["responses"]["202"]["content"]
+        assert answer["application/json"]["schema"] == ref("DiscoveryRun")
+    components = schema["components"]["schemas"]
+    state = components["DiscoveryRun"]["properties"]["state"]
+    assert state == {"allOf": [ref("DiscoveryStateEnum")], "readOnly": True}
+    # The password is taken, never answered.
+    assert components["DiscoveryEntryRequest"]["properties"]["password"]["writeOnly"] is True
+    assert "password" not in components["DiscoveryStoredEntry"]["properties"]
+    assert "password" not in components["BmcCredential"]["properties"]
 
 
 def test_a_provisioning_is_asked_for_with_its_image_and_answered_201_with_the_run(schema):

@@ -6,7 +6,8 @@ from rest_framework.routers import DefaultRouter
 
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
-from gpucap.bmc.api import NodeProvisioningView
+from gpucap.bmc.api import DiscoveriesView, DiscoveryApplyView, DiscoveryView, NodeBmcView
+from gpucap.bmc.provisioning_api import NodeProvisioningView
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
@@ -89,6 +90,14 @@ urlpatterns = [
         name="api-node-provisioning",
     ),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
+    path("nodes/<int:id>/bmc/", NodeBmcView.as_view(), name="api-node-bmc"),
+    path("bmc/discoveries/", DiscoveriesView.as_view(), name="api-bmc-discoveries"),
+    path("bmc/discoveries/<int:id>/", DiscoveryView.as_view(), name="api-bmc-discovery"),
+    path(
+        "bmc/discoveries/<int:id>/apply/",
+        DiscoveryApplyView.as_view(),
+        name="api-bmc-discovery-apply",
+    ),
     path(
         "capacity-sets/<int:id>/plan/",
         CapacitySetPlanView.as_view(),

@@ -70,6 +70,100 @@ class NodeInventory(models.Model):
         return f"inventory of {self.node.hostname}"
 
 
+class DiscoveryRun(models.Model):
+    """One discovery asked for through the API or a node's page (docs/bmc.md, "Discovery
+    through the API and the node page"): the BMCs read by a worker (``bmc.discover``), the
+    changes previewed, then, when an operator applies it, read again and applied only if the
+    changes are still the previewed ones (``digest``); otherwise refused, with the fresh
+    preview as a run of its own (``fresh_run``).
+
+    ``entries`` never hold a password. The passwords given with the entries wait for the apply
+    sealed (``gpucap.bmc.passwords``), one token per entry in ``passwords_sealed`` ("" for a
+    node's entry, which reads the node's stored credentials each time), and are dropped when
+    the run ends."""
+
+    class State(models.TextChoices):
+        READING = "reading", "Reading the BMCs"
+        PREVIEWED = "previewed", "Previewed"
+        APPLYING = "applying", "Applying"
+        APPLIED = "applied", "Applied"
+        REFUSED = "refused", "Refused: the BMCs changed since the preview"
+        FAILED = "failed", "Problems: nothing applied"
+
+    ACTIVE = (State.READING, State.APPLYING)
+    ENDED = (State.APPLIED, State.REFUSED, State.FAILED)
+
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="discovery_runs",
+        help_text="A node's Rediscover: the node, read with its stored credentials.",
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READING)
+    entries = models.JSONField(default=list, help_text="The entries as given, no password.")
+    passwords_sealed = models.JSONField(default=list, blank=True, editable=False)
+    changes = models.JSONField(
+        default=list, blank=True, help_text="[{verb, noun, label, detail}], as fleet_apply's."
+    )
+    unchanged = models.PositiveIntegerField(default=0)
+    problems = models.JSONField(default=list, blank=True)
+    digest = models.CharField(
+        max_length=64, blank=True, help_text="SHA-256 of the previewed changes."
+    )
+    fresh_run = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="stale_run",
+        help_text="Refused: the preview of what the BMCs said at the apply.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    apply_requested_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["node", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    state__in=["reading", "previewed", "applying", "applied", "refused", "failed"]
+                ),
+                name="discoveryrun_state_valid",
+            ),
+            # What can be applied, or was, has the digest of what was previewed.
+            models.CheckConstraint(
+                condition=~Q(state__in=["previewed", "applying", "applied"]) | ~Q(digest=""),
+                name="discoveryrun_previewed_has_digest",
+            ),
+            models.CheckConstraint(
+                condition=Q(fresh_run__isnull=True) | Q(state="refused"),
+                name="discoveryrun_fresh_run_only_when_refused",
+            ),
+            # A run that ended keeps no password, not even sealed.
+            models.CheckConstraint(
+                condition=~Q(state__in=["applied", "refused", "failed"]) | Q(passwords_sealed=[]),
+                name="discoveryrun_ended_keeps_no_password",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"discovery {self.pk} ({self.state})"
+
+    def __repr__(self) -> str:
+        return f"<DiscoveryRun {self.pk} state={self.state} entries={len(self.entries)}>"
+
+
 class Provisioning(models.Model):
     """One boot of a node from an installer or OS image by virtual media (docs/bmc.md,
     "Provisioning by virtual media"): the image inserted in the BMC's CD/DVD drive, a one-time

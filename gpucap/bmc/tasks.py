@@ -1,23 +1,41 @@
-"""Celery tasks that speak to BMCs: every BMC call runs in a task, never in a web request
-(docs/bmc.md). Thin: ids in, a service of ``gpucap.bmc`` called.
+"""Celery tasks of the BMC app: ids in, a service called. Each is idempotent. Every BMC call
+runs in a task, never in a web request (docs/bmc.md).
 
-``bmc.provision_step`` takes one provisioning run as far as it goes now; the first is sent when
-the run is started, and ``bmc.provisionings_tick`` (on beat, every ``PROVISION_POLL_SECONDS``)
-sends one for each run in progress: the waiting ones ask their hypervisor, and a run whose step
-was lost (a dead worker, a message the broker dropped) goes on. Steps of one run are serialised
-by a PostgreSQL session advisory lock, released even when its worker is killed; a step that
-finds the lock taken leaves the run to the step holding it.
+- ``bmc.discover``: read the BMCs of one stored discovery and store its preview, or apply it
+  if the BMCs still say what the preview showed (`gpucap.bmc.discovery_runs`). A database
+  that is away is retried with backoff; a BMC that does not answer is a problem named on the
+  run at once (the operator discovers again), not a retry loop.
+- ``bmc.provision_step`` takes one provisioning run as far as it goes now
+  (`gpucap.bmc.provisioning`); the first is sent when the run is started, and
+  ``bmc.provisionings_tick`` (on beat, every ``PROVISION_POLL_SECONDS``) sends one for each run
+  in progress: the waiting ones ask their hypervisor, and a run whose step was lost (a dead
+  worker, a message the broker dropped) goes on. Steps of one run are serialised by a
+  PostgreSQL session advisory lock, released even when its worker is killed; a step that finds
+  the lock taken leaves the run to the step holding it.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from celery import shared_task
+from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection
 
 from gpucap import locks
-from gpucap.bmc import provisioning
+from gpucap.bmc import discovery_runs, provisioning
+
+
+@shared_task(name="bmc.discover", bind=True, max_retries=5)
+def discover(self, run_id: int) -> str:
+    try:
+        return discovery_runs.discovery_carry_out(run_id=run_id).value
+    except (OperationalError, InterfaceError) as exc:
+        countdown = get_exponential_backoff_interval(
+            factor=1, retries=self.request.retries, maximum=60, full_jitter=True
+        )
+        raise self.retry(exc=exc, countdown=countdown) from exc
+
 
 # A transaction that met a restarting database is run again, with backoff.
 _DATABASE_RETRY = {

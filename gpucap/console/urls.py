@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import dedication, provisioning, reservations, schedule, views
+from gpucap.console import bmc_panel, dedication, provisioning, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -64,6 +64,17 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/release/",
         dedication.node_release,
         name="node-release",
+    ),
+    path("nodes/<slug:cluster>/<str:hostname>/bmc/", bmc_panel.node_bmc, name="node-bmc"),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/rediscover/",
+        bmc_panel.node_rediscover,
+        name="node-bmc-rediscover",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/discoveries/<int:run_id>/apply/",
+        bmc_panel.node_discovery_apply,
+        name="node-bmc-apply",
     ),
     path(
         "nodes/<slug:cluster>/<str:hostname>/provisioning/",

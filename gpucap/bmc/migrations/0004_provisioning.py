@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("bmc", "0002_node_inventory"),
+        ("bmc", "0003_discoveryrun"),
         ("fleet", "0010_node_dedicated_tenant"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
