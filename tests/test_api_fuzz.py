@@ -81,6 +81,7 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/nodes/{id}/release/"),  # 409: a shared node
     ("POST", "/api/nodes/{id}/power-cycle/"),  # 409: a node that is not down, or has no BMC
     ("POST", "/api/nodes/{id}/recovery/clear/"),  # 409: a recovery that is not stopped
+    ("POST", "/api/nodes/{id}/provisioning/"),  # 409: a node in service; an http(s) URL
     ("POST", "/api/pools/"),
     ("PATCH", "/api/pools/{id}/"),
     ("POST", "/api/pools/{id}/floor/"),

@@ -25,6 +25,7 @@ ENDPOINTS = {
     "/api/nodes/{id}/recovery/clear/": {"post"},
     "/api/nodes/{id}/power-cycle/": {"post"},
     "/api/clusters/{id}/recovery-policy/": {"get", "put"},
+    "/api/nodes/{id}/provisioning/": {"get", "post"},
     "/api/gpus/": {"get"},
     "/api/gpus/{id}/": {"get"},
     "/api/gpus/{id}/health/": {"post"},
@@ -188,6 +189,18 @@ def test_a_power_cycle_is_asked_for_with_no_body_and_answered_202_with_the_recov
     assert policy["responses"]["200"]["content"]["application/json"]["schema"] == ref(
         "RecoveryPolicy"
     )
+
+
+def test_a_provisioning_is_asked_for_with_its_image_and_answered_201_with_the_run(schema):
+    operations = schema["paths"]["/api/nodes/{id}/provisioning/"]
+    body = operations["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("ProvisionRequest")
+    answer = operations["post"]["responses"]["201"]["content"]["application/json"]["schema"]
+    assert answer == ref("Provisioning")
+    read = operations["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert read == ref("NodeProvisioning")
+    states = schema["components"]["schemas"]["ProvisioningStateEnum"]["enum"]
+    assert states == ["inserting", "booting", "waiting", "done", "failed"]
 
 
 def test_create_and_update_take_input_shapes_and_answer_with_the_full_object(schema):

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
 from gpucap.bmc.api import DiscoveriesView, DiscoveryApplyView, DiscoveryView, NodeBmcView
+from gpucap.bmc.provisioning_api import NodeProvisioningView
 from gpucap.bmc.recovery_api import (
     ClusterRecoveryPolicyView,
     NodePowerCycleView,
@@ -89,6 +90,11 @@ urlpatterns = [
     ),
     path("nodes/<int:id>/dedicate/", NodeDedicateView.as_view(), name="api-node-dedicate"),
     path("nodes/<int:id>/release/", NodeReleaseView.as_view(), name="api-node-release"),
+    path(
+        "nodes/<int:id>/provisioning/",
+        NodeProvisioningView.as_view(),
+        name="api-node-provisioning",
+    ),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
     path("nodes/<int:id>/bmc/", NodeBmcView.as_view(), name="api-node-bmc"),
     path("bmc/discoveries/", DiscoveriesView.as_view(), name="api-bmc-discoveries"),

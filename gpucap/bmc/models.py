@@ -164,6 +164,77 @@ class DiscoveryRun(models.Model):
         return f"<DiscoveryRun {self.pk} state={self.state} entries={len(self.entries)}>"
 
 
+class Provisioning(models.Model):
+    """One boot of a node from an installer or OS image by virtual media (docs/bmc.md,
+    "Provisioning by virtual media"): the image inserted in the BMC's CD/DVD drive, a one-time
+    boot from it, a reset, then a wait for the node's hypervisor to answer, until ``deadline``.
+    A node has at most one in progress; the finished ones are its history. Changed by
+    ``gpucap.bmc.provisioning`` alone, each step a conditional update on ``state``."""
+
+    class State(models.TextChoices):
+        INSERTING = "inserting", "Inserting the image"
+        BOOTING = "booting", "Booting from it"
+        WAITING = "waiting", "Waiting for the hypervisor"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    ACTIVE = (State.INSERTING, State.BOOTING, State.WAITING)
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="provisionings")
+    image_url = models.URLField(max_length=2000)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.INSERTING)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    started_at = models.DateTimeField()
+    deadline = models.DateTimeField()
+    inserted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the BMC accepted the image."
+    )
+    # Claimed before the reset is asked for, so that a retried step never resets twice.
+    reset_at = models.DateTimeField(null=True, blank=True)
+    reset_type = models.CharField(max_length=16, blank=True, help_text="ForceRestart or On.")
+    answered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the node's hypervisor answered."
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=["inserting", "booting", "waiting", "done", "failed"]),
+                name="provisioning_state_valid",
+            ),
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=["inserting", "booting", "waiting"]),
+                name="provisioning_one_in_progress_per_node",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["done", "failed"], finished_at__isnull=False)
+                | Q(state__in=["inserting", "booting", "waiting"], finished_at__isnull=True),
+                name="provisioning_finished_when_over",
+            ),
+            models.CheckConstraint(
+                condition=Q(deadline__gt=models.F("started_at")),
+                name="provisioning_deadline_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"provisioning of {self.node.hostname} from {self.image_url}"
+
+    @property
+    def in_progress(self) -> bool:
+        return self.state in self.ACTIVE
+
+
 # Recovery's models live in a module of their own; Django finds them through this import.
 from gpucap.bmc.recovery_models import (  # noqa: E402, F401
     HypervisorProbe,

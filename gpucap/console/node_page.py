@@ -8,6 +8,7 @@ from django import forms
 from gpucap.audit.selectors import events_for
 from gpucap.bmc.recovery_selectors import recovery_panel
 from gpucap.bmc.selectors import bmc_panel
+from gpucap.console.provisioning_panel import provisioning_context
 from gpucap.fleet import selectors
 from gpucap.fleet.models import Node
 from gpucap.notices.dedications import dedication_holders
@@ -49,4 +50,5 @@ def node_context(tile: selectors.NodeTile, *, dedicate_form: DedicateForm | None
         "dedication_holders": dedication_holders(node) if node.dedicated_tenant_id else None,
         "bmc": bmc_panel(node),  # console/node_bmc.html
         "recovery": recovery_panel(node),
+        **provisioning_context(node),
     }

@@ -1,6 +1,14 @@
 from django.urls import path
 
-from gpucap.console import bmc_panel, dedication, recovery, reservations, schedule, views
+from gpucap.console import (
+    bmc_panel,
+    dedication,
+    provisioning,
+    recovery,
+    reservations,
+    schedule,
+    views,
+)
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -90,5 +98,10 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/recovery/clear/",
         recovery.node_recovery_clear,
         name="node-recovery-clear",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/provisioning/",
+        provisioning.node_provisioning,
+        name="node-provisioning",
     ),
 ]

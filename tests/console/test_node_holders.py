@@ -82,13 +82,13 @@ def test_the_node_page_runs_a_fixed_number_of_queries_whatever_holds_its_gpus(
     node = fleet_east["nodes"]["h100-001"]
     running_vm(tenant, spot, node, [0], name="first", ip="10.0.0.20")
     # ... the tenants the dedication form offers; the BMC panel's credentials and inventory,
-    # and its latest discovery; and the node's recovery (two).
-    with django_assert_num_queries(12):
+    # and its latest discovery; and the node's recovery (two); its provisioning runs.
+    with django_assert_num_queries(13):
         node_page(operator_client)
     for index in range(1, 8):
         owner = tenant if index % 2 else other_tenant
         running_vm(owner, spot, node, [index], name=f"vm{index}", ip=f"10.0.0.{20 + index}")
-    with django_assert_num_queries(12):
+    with django_assert_num_queries(13):
         page = node_page(operator_client)
     assert all(">vm" in gpu_row(page, index) for index in range(1, 8))
 

@@ -174,6 +174,8 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/fleet/nodes/<cluster>/<hostname>/recovery/",
         "/fleet/nodes/<cluster>/<hostname>/power-cycle/",
         "/fleet/nodes/<cluster>/<hostname>/recovery/clear/",
+        "/api/nodes/<id>/provisioning/",
+        "/fleet/nodes/<cluster>/<hostname>/provisioning/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)
