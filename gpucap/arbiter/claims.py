@@ -14,14 +14,16 @@ group of its own (so a claim that can be served only in part still shows what th
 reclaim), in the tenant's best-ranked pool (the best rank among the pools of its VMs and
 demands in the snapshot; without any, the best-ranked pool of the set: the preview then shows
 the most a claim could reclaim), with the VMs borrowing from the reservation reclaimed first
-and the other reservations' kept blocks held back. This is what the set page shows as "what
-claiming it would reclaim" and what a new reservation's preview shows.
+and the other reservations' kept blocks held back; the VMs held inside the reservations after
+the plan (held.py, the claims' placements first) are no victims of it. This is what the set
+page shows as "what claiming it would reclaim" and what a new reservation's preview shows.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from gpucap.arbiter.held import held_vms
 from gpucap.arbiter.model import Demand, Plan, Reservation, ReservationReport, Snapshot
 from gpucap.arbiter.reservations import (
     BORROWED_POOL,
@@ -30,6 +32,7 @@ from gpucap.arbiter.reservations import (
     Passes,
     Planner,
     blocks_wanted,
+    borrowing,
     held,
 )
 from gpucap.arbiter.topology import ready_shared_gpus
@@ -86,10 +89,19 @@ def reports(
         ]
         for rid, blocks in passes.kept.items()
     }
+    spared = frozenset(_held_after(snapshot, after))
     return tuple(
-        _report(snapshot, plan, passes, plan_one, after, still_kept, reservation)
+        _report(snapshot, plan, passes, plan_one, after, still_kept, spared, reservation)
         for reservation in snapshot.reservations
     )
+
+
+def _held_after(snapshot: Snapshot, after: Fleet) -> dict[str, str]:
+    """The VMs held inside the reservations once the plan is carried out (its claims' VMs are
+    then placed inside them)."""
+    vms = after.vms.values()
+    lenders = borrowing(snapshot.reservations, snapshot.pools, vms)
+    return held_vms(snapshot.reservations, vms, lenders)
 
 
 def _report(
@@ -99,6 +111,7 @@ def _report(
     plan_one: Planner,
     after: Fleet,
     still_kept: dict[str, list],
+    spared: frozenset[str],
     reservation: Reservation,
 ) -> ReservationReport:
     rid, tenant = reservation.id, reservation.tenant
@@ -108,7 +121,7 @@ def _report(
     lenders = [vm for vm, of in passes.borrowers.items() if of == rid and vm in after.vms]
     lenders += [p.demand for p in plan.placements if p.borrowed == rid]
     reclaims, complete = _claim(
-        snapshot, plan_one, after, still_kept, reservation, holding, lenders
+        snapshot, plan_one, after, still_kept, spared, reservation, holding, lenders
     )
     kinds = {pool.name: pool.kind for pool in snapshot.pools}
     taken_over = [
@@ -137,6 +150,7 @@ def _claim(
     plan_one: Planner,
     after: Fleet,
     still_kept: dict[str, list],
+    spared: frozenset[str],
     reservation: Reservation,
     holding: int,
     lenders: list[str],
@@ -170,7 +184,8 @@ def _claim(
             held_back=held_back,
             borrowers=lenders,
             pools=[after.lowest_pool(BORROWED_POOL)] if lenders else [],
-        )
+        ),
+        held=spared,
     )
     return tuple(sorted(p.vm for p in result.preemptions)), not result.unsatisfied
 

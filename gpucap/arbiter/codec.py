@@ -313,6 +313,8 @@ def _vm_to_dict(vm: Vm) -> dict:
         data["group"] = vm.group
     if vm.borrowed is not None:
         data["borrowed"] = vm.borrowed
+    if vm.reservation is not None:
+        data["reservation"] = vm.reservation
     return data
 
 
@@ -326,7 +328,7 @@ _POOL_FIELDS = (("name", "kind", "rank", "floor_gpus"), ("protect_seconds",))
 _DEPLOYMENT_FIELDS = (("name", "pool", "min_replicas"), ())
 _VM_FIELDS = (
     ("id", "pool", "node", "gpus", "started_at"),
-    ("deployment", "state", "tenant", "group", "borrowed"),
+    ("deployment", "state", "tenant", "group", "borrowed", "reservation"),
 )
 _DEMAND_FIELDS = (("id", "group", "pool", "gpus", "requested_at"), ("disk_node", "tenant"))
 _QUOTA_FIELDS = (("tenant", "max_gpus"), ("pool",))
@@ -637,6 +639,7 @@ class _Reader:
             and (tenant is None or type(tenant) is str)
             and "group" not in item  # a job member: read by _vm_slowly
             and "borrowed" not in item  # a borrower: read by _vm_slowly
+            and "reservation" not in item  # placed inside a reservation: read by _vm_slowly
             and type(state) is str
         ):
             moment = self._times.get(started) or self._parse_time(started)
@@ -657,6 +660,7 @@ class _Reader:
         tenant = self.text(item, label, "tenant", optional=True)
         group = self.text(item, label, "group", optional=True)
         borrowed = self.text(item, label, "borrowed", optional=True)
+        reservation = self.text(item, label, "reservation", optional=True)
         if None in (vm_id, pool, node, gpus, started_at):
             return None
         return Vm(
@@ -670,6 +674,7 @@ class _Reader:
             tenant=tenant,
             group=group,
             borrowed=borrowed,
+            reservation=reservation,
         )
 
     def demand(self, item: dict, label: str) -> Demand | None:

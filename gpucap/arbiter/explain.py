@@ -18,7 +18,8 @@ FAILED, PLANNED, NOTIFIED, ON_DEMAND = range(4)
 PROTECTED = 4  # held by a VM inside its pool's protection window (rule 3a)
 PINNED = 5  # held by a running job that one of its VMs elsewhere keeps whole (whole jobs)
 FOREIGN = 6  # held by another tenant's VM on a node dedicated to the demand's tenant
-CATEGORIES = 7
+HELD = 7  # held by a VM held inside a reservation in force (reservations, held.py)
+CATEGORIES = 8
 # A reason lists at most this many VMs or nodes by name.
 LISTED_HOLDERS = 8
 
@@ -128,6 +129,11 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
             f"no node has a free or reclaimable {block}: every candidate is held by a VM of "
             f"another tenant on a node dedicated to this tenant, which the arbiter leaves alone"
         )
+    if counts[HELD] == total:
+        return (
+            f"no node has a free or reclaimable {block}: every candidate is held by VMs held "
+            f"inside tenants' reservations, which are not reclaimed while those are in force"
+        )
     parts = []
     if counts[ON_DEMAND]:
         parts.append(f"{counts[ON_DEMAND]} {_hold(counts[ON_DEMAND])} on-demand VMs")
@@ -151,6 +157,8 @@ def blocked_reason(*, block: str, counts: list[int]) -> str:
             f"{counts[FOREIGN]} {_are(counts[FOREIGN])} held by other tenants' VMs on this "
             f"tenant's dedicated nodes"
         )
+    if counts[HELD]:
+        parts.append(f"{counts[HELD]} {_are(counts[HELD])} held by VMs inside reservations")
     return (
         f"no node has a free or reclaimable {block}: of {total} candidates on ready nodes, "
         + ", ".join(parts)
@@ -197,6 +205,20 @@ def protected_reason(
     return (
         f"waits: the VMs it could reclaim are protected until {clock(until, now)} (pool {pool} "
         f"protects VMs for {protect_seconds} s after they start or resume)"
+    )
+
+
+def held_reason(*, holders: list[tuple[str, int, str]]) -> str:
+    """A demand that only VMs held inside reservations could serve (rule 4 of reservations):
+    ``holders`` are (tenant, GPUs held, reservation id)."""
+    held = ", ".join(
+        f"tenant {tenant} holds {_gpus(gpus)} inside its reservation {rid}"
+        for tenant, gpus, rid in holders
+    )
+    noun, verb = ("a reservation", "it is") if len(holders) == 1 else ("reservations", "they are")
+    return (
+        f"waits: the VMs it could reclaim are held inside {noun}: {held}; they are not "
+        f"reclaimed while {verb} in force"
     )
 
 

@@ -65,6 +65,10 @@ file is read unchanged):
   honoured, and its report's ``short_gpus`` says how many it is short.
 - VM ``"borrowed"``: the id of a reservation whose kept capacity the VM (a spot VM of another
   tenant) borrows. An id no reservation has (the reservation ended) means not borrowing.
+- VM ``"reservation"``: the id of the reservation a claim placed the VM inside (the live VM's
+  reservation, set by the placement). It counts only on a running VM of that reservation's
+  tenant; any other id (the reservation ended) means none. It decides which VMs are held first
+  (rule 4 below).
 
 The rules of reservations (reservations.py, docs/arbiter.md "Reservations"):
 
@@ -80,7 +84,15 @@ The rules of reservations (reservations.py, docs/arbiter.md "Reservations"):
 3. Kept capacity is a floor only the tenant may use: no other demand takes it, except groups
    of spot pools of other tenants that nothing else can serve, which borrow it (their
    placement says ``borrowed``) and are the first victims of the tenant's claims.
-4. A snapshot without reservations is planned exactly as before.
+4. What the tenant uses is held: its running VMs, in a fixed order (those a claim placed inside
+   the reservation first, then the rest; each part oldest ``started_at`` first, then id; never
+   a VM validly flagged ``borrowed``), are held inside the reservation while what is held so
+   far is below N (whole VMs: the last one may take it past N). A held VM is no victim of any
+   demand while the reservation is in force, not even of its own tenant's (as an on-demand
+   VM; a running job with a held member is kept whole). The tenant's VMs beyond are ordinary.
+   So no plan takes the tenant below min(N, what it runs outside borrowed capacity). A group
+   only held VMs keep waiting says so.
+5. A snapshot without reservations is planned exactly as before.
 
 Pool balances count GPUs held by running VMs of the set (``before_gpus``) and add the plan's
 placements and subtract its preemptions (``after_gpus``).
@@ -228,6 +240,8 @@ class Vm(_Frozen):
     group: str | None = None
     # The reservation whose kept capacity the VM borrows (an unknown id: not borrowing).
     borrowed: str | None = None
+    # The reservation a claim placed it inside (held first while that one is in force).
+    reservation: str | None = None
 
 
 @_frozen

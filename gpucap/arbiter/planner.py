@@ -172,14 +172,19 @@ class PlanMemo:
         self.reclaims: dict[tuple, tuple[tuple, tuple]] = {}
 
 
-def plan(snapshot: Snapshot, *, memo: PlanMemo | None = None) -> Plan:
+def plan(
+    snapshot: Snapshot, *, memo: PlanMemo | None = None, held: frozenset[str] = frozenset()
+) -> Plan:
     """Plan one capacity set. ``snapshot`` must pass `validation.snapshot_problems`. ``memo``:
-    see `PlanMemo` (the plan is the same with or without one)."""
+    see `PlanMemo` (the plan is the same with or without one). ``held``: ids of running VMs
+    that are no victims of any demand, like on-demand ones, and are worded as held inside
+    reservations (the passes of reservations.py plan snapshots without reservations this way;
+    planned without a memo)."""
     if snapshot.reservations:  # planned in passes of this function (reservations.py)
         from gpucap.arbiter.claims import plan_reserved
 
         return plan_reserved(snapshot, plan)
-    planner = _Planner(snapshot, memo=memo)
+    planner = _HeldPlanner(snapshot, held=held) if held else _Planner(snapshot, memo=memo)
     first = planner.run()
     result = improve.whole_plan(
         snapshot,
@@ -187,13 +192,13 @@ def plan(snapshot: Snapshot, *, memo: PlanMemo | None = None) -> Plan:
         order=planner.order,
         ready_nodes=len(planner.ready_nodes),
         states=sum(expanded for expanded, _ in planner.searches),
-        replan=lambda order, spared: _replan(snapshot, order, spared, memo),
+        replan=lambda order, spared: _replan(snapshot, order, spared | held, memo),
     )
     # Waits that protection causes say until when (rule 3a, protection.py).
     return protection.explain_waits(
         snapshot,
         result,
-        lambda: _Planner(snapshot, protect=False, memo=memo).run(),
+        lambda: _Planner(snapshot, protect=False, spared=held, memo=memo).run(),
         keep=frozenset(planner.over_quota),
     )
 
@@ -1570,3 +1575,35 @@ class _Planner:
             unsatisfied=tuple(self.unsatisfied),
             pools=balances,
         )
+
+
+class _HeldPlanner(_Planner):
+    """The planner of a reservation pass (`plan`'s ``held``): the VMs held inside reservations
+    are spared, and a partition only they (with pinned, protected or foreign VMs) keep from a
+    demand is worded as held (`explain.HELD`), not as on-demand. A class of its own, so that a
+    plan without held VMs runs none of this."""
+
+    def __init__(self, snapshot: Snapshot, *, held: frozenset[str]) -> None:
+        self._held = held
+        super().__init__(snapshot, spared=held)
+
+    def _index_vms(
+        self, snapshot: Snapshot, spared: frozenset[str], memo: PlanMemo | None, *, keep: bool
+    ) -> None:
+        super()._index_vms(snapshot, spared, memo, keep=keep)
+        self.held_gpus = [0] * len(self.node_names)
+        on_demand = {pool.name for pool in self.pools if pool.kind == "on_demand"}
+        for vm in snapshot.vms:
+            if vm.id in self._held and vm.state == "running" and vm.pool not in on_demand:
+                self.held_gpus[self.node_position[vm.node]] |= gpu_mask(vm.gpus)
+
+    def blocker(self, node: int, mask: int) -> int:
+        category = super().blocker(node, mask)
+        held = self.held_gpus[node]
+        if category == explain.ON_DEMAND and mask & held:
+            others = (
+                held | self.pinned_gpus[node] | self.protected_gpus[node] | self.foreign_gpus[node]
+            )
+            if not mask & self.fixed[node] & ~others:
+                return explain.HELD  # by no on-demand VM (which would outlast the reservation)
+        return category

@@ -16,6 +16,9 @@ each pass; `planner.plan` comes here only when the snapshot has reservations.
 4. Borrowing: groups of spot pools the ordinary pass left waiting, with the placeholders of
    other tenants' reservations removed; a placement on a kept block is marked ``borrowed``.
 
+In every pass the VMs held inside the reservations (held.py: what each tenant uses, up to N)
+are spared: no demand reclaims them. A pass's waits that only they cause say so.
+
 Between passes, placements become VMs under notice (fixed for the rest of the plan, counted by
 quotas, not by floors, as within one planner run) and victims leave their GPUs; they stay, under
 notice on a node of their own that is down, so that their tenant's quotas still count them.
@@ -26,10 +29,12 @@ fleet as the plan leaves it (`claims.py`, whose ``plan_reserved`` runs it all).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Protocol
 
+from gpucap.arbiter.held import held_vms, held_waits
 from gpucap.arbiter.merged import merged_plan
 from gpucap.arbiter.model import (
     Demand,
@@ -45,9 +50,16 @@ from gpucap.arbiter.model import (
 )
 from gpucap.arbiter.topology import partition_table
 
-__all__ = ["Block", "Fleet", "Passes", "service_order", "valid_borrowers"]
+__all__ = ["Block", "Fleet", "Passes", "Planner", "borrowing", "service_order", "valid_borrowers"]
 
-Planner = Callable[[Snapshot], Plan]
+
+class Planner(Protocol):
+    """`planner.plan` as the passes call it: a snapshot without reservations, and the VMs no
+    demand may reclaim (``held``)."""
+
+    def __call__(self, snapshot: Snapshot, *, held: frozenset[str] = ...) -> Plan: ...
+
+
 Block = tuple[str, tuple[int, ...]]  # (node, GPUs)
 KEEP_POOL = "~keep"
 BORROWED_POOL = "~borrowed"
@@ -69,11 +81,18 @@ def service_order(demands: Iterable[Demand], pools: Iterable[Pool]) -> list[list
 def valid_borrowers(snapshot: Snapshot) -> dict[str, str]:
     """VM id -> reservation, for the running spot VMs of other tenants flagged ``borrowed``
     with the id of a reservation in force (any other flag means not borrowing)."""
-    owners = {r.id: r.tenant for r in snapshot.reservations}
-    kinds = {pool.name: pool.kind for pool in snapshot.pools}
+    return borrowing(snapshot.reservations, snapshot.pools, snapshot.vms)
+
+
+def borrowing(
+    reservations: Iterable[Reservation], pools: Iterable[Pool], vms: Iterable[Vm]
+) -> dict[str, str]:
+    """`valid_borrowers` among ``vms``."""
+    owners = {r.id: r.tenant for r in reservations}
+    kinds = {pool.name: pool.kind for pool in pools}
     return {
         vm.id: vm.borrowed
-        for vm in snapshot.vms
+        for vm in vms
         if vm.borrowed in owners
         and vm.state == "running"
         and kinds.get(vm.pool) == "spot"
@@ -123,6 +142,7 @@ class Fleet:
                 tenant=demand.tenant,
                 group=demand.group if state == "running" and jobs[demand.group] > 1 else None,
                 borrowed=placement.borrowed,
+                reservation=placement.reservation,
             )
         for preemption in plan.preemptions:
             self.gone.append(self.vms.pop(preemption.vm))
@@ -192,6 +212,9 @@ class Passes:
         self.fleet = Fleet(snapshot)
         self.owner = {r.id: r for r in snapshot.reservations}
         self.borrowers = valid_borrowers(snapshot)
+        # What each tenant uses, held inside its reservation: spared in every pass (held.py).
+        self.held = held_vms(snapshot.reservations, snapshot.vms, self.borrowers)
+        self.spared = frozenset(self.held)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.unsatisfied: dict[str, Unsatisfied] = {}
@@ -301,10 +324,11 @@ class Passes:
     ) -> None:
         if not demands:
             return
+        borrowers, pools = list(borrowers), list(pools)
         snapshot = self.fleet.snapshot_for(
             demands, held_back=held_back, borrowers=borrowers, pools=pools
         )
-        result = self.plan_one(snapshot)
+        result = self.plan_one(snapshot, held=self.spared)
         by_id = {demand.id: demand for demand in demands}
         placements = []
         for placement in result.placements:
@@ -314,6 +338,21 @@ class Passes:
         self.placements.extend(placements)
         self.preemptions.extend(result.preemptions)
         self.fleet.apply(replace(result, placements=tuple(placements)), by_id)
+        result = held_waits(
+            result,
+            snapshot=snapshot,
+            held=self.held,
+            reservations=self.owner,
+            # The waiting demands on the fleet this pass leaves, with held VMs legal victims.
+            what_if=lambda ids: self.plan_one(
+                self.fleet.snapshot_for(
+                    [by_id[demand] for demand in ids],
+                    held_back=held_back,
+                    borrowers=borrowers,
+                    pools=pools,
+                )
+            ),
+        )
         for entry in result.unsatisfied:
             words = self._kept_words(by_id[entry.demand], held_back)
             self.unsatisfied[entry.demand] = replace(entry, reason=entry.reason + words)

@@ -2,8 +2,10 @@
 carries, and what a plan writes back onto the VMs.
 
 - `with_reservations`: the snapshot gets the set's reservations in force at its ``now``
-  (``{"id": the row's primary key as text, "tenant", "gpus", "block_gpus"}``) and each VM
-  borrowing from one of them its ``"borrowed"`` id. A set with none is handed on untouched.
+  (``{"id": the row's primary key as text, "tenant", "gpus", "block_gpus"}``), each VM
+  borrowing from one of them its ``"borrowed"`` id, and each VM a claim placed inside one of
+  them its ``"reservation"`` id (the arbiter holds those first: docs/arbiter.md,
+  "Reservations", rule 4). A set with none is handed on untouched.
 - `borrowed_flags_write`, after each plan: the VMs a report lists as borrowing get
   ``borrowed_from``, the set's VMs no longer listed lose it (one UPDATE per reservation and one
   for the rest, each touching only rows that differ: a plan made twice changes nothing more).
@@ -53,14 +55,16 @@ def in_force_rows(capacity_set: CapacitySet, snapshot: am.Snapshot) -> list[Rese
 def with_reservations(
     snapshot: am.Snapshot,
     rows: Iterable[Reservation],
-    borrowed: dict[str, int],
+    holders: Iterable[VirtualMachine],
     *,
     proposed: tuple[str, Reservation] | None = None,
 ) -> am.Snapshot:
-    """``snapshot`` with ``rows`` in force and the VMs of ``borrowed`` (instance id ->
-    reservation id) flagged (docs/arbiter.md, "Reservations"). A flag naming a reservation not in
-    force is left out (the boundary clears it). ``proposed``: one more, unsaved, under its own
-    id (the preview's)."""
+    """``snapshot`` with ``rows`` in force and its VMs flagged from the live ``holders`` (the
+    VMs holding GPUs, loaded with ``borrowed_from_id`` and ``reservation_id``): borrowing from
+    a reservation, or placed inside one (docs/arbiter.md, "Reservations"). A flag naming a
+    reservation not in force is left out (the boundary clears a borrower's; a VM placed inside a
+    reservation keeps its own, which counts again when a window of it opens). ``proposed``: one
+    more, unsaved, under its own id (the preview's)."""
     named = [(str(row.pk), row) for row in rows]
     if proposed is not None:
         named.append(proposed)
@@ -71,13 +75,24 @@ def with_reservations(
         for key, row in named
     )
     ids = {reservation.id for reservation in reservations}
+    flags = {
+        vm.instance_id: (_in_force(vm.borrowed_from_id, ids), _in_force(vm.reservation_id, ids))
+        for vm in holders
+        if vm.borrowed_from_id or vm.reservation_id
+    }
     vms = tuple(
-        replace(vm, borrowed=str(borrowed[vm.id]))
-        if vm.id in borrowed and str(borrowed[vm.id]) in ids
+        replace(vm, borrowed=flags[vm.id][0], reservation=flags[vm.id][1])
+        if vm.id in flags and flags[vm.id] != (None, None)
         else vm
         for vm in snapshot.vms
     )
     return replace(snapshot, reservations=reservations, vms=vms)
+
+
+def _in_force(reservation_id: int | None, ids: set[str]) -> str | None:
+    """A reservation's id as the snapshot names it, when it is one of ``ids`` (in force)."""
+    key = str(reservation_id) if reservation_id else None
+    return key if key in ids else None
 
 
 def plan_reports(result: am.Plan) -> list[dict]:

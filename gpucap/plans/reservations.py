@@ -156,12 +156,9 @@ def reservation_preview(
     proposed = Reservation(
         tenant=tenant, capacity_set=capacity_set, gpus=proposal.gpus, block_gpus=proposal.block_gpus
     )
-    borrowed = {
-        vm.instance_id: vm.borrowed_from_id
-        for vm in snap.live.holders.values()
-        if vm.borrowed_from_id
-    }
-    snapshot = with_reservations(snap.snapshot, rows, borrowed, proposed=(PROPOSED, proposed))
+    snapshot = with_reservations(
+        snap.snapshot, rows, snap.live.holders.values(), proposed=(PROPOSED, proposed)
+    )
     result = arbiter.plan(snapshot)
     report = next(r for r in plan_reports(result) if str(r["id"]) == PROPOSED)
     vms = snap.vms

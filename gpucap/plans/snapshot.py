@@ -95,6 +95,7 @@ HOLDER_FIELDS = (
     "deployment_id",
     "preempted_for_id",
     "borrowed_from_id",  # the arbiter reclaims borrowers first when a reservation is claimed
+    "reservation_id",  # ... and holds the VMs placed inside a reservation first
     "started_at",
     "demand_group",  # a running job's members are reclaimed together (_job)
     "tenant__name",
@@ -519,13 +520,7 @@ def capacity_set_snapshot(
         snapshot, quotas=set_quotas(capacity_set=capacity_set, pools=list(live.pools.values()))
     )
     snapshot = with_reservations(
-        snapshot,
-        in_force_rows(capacity_set, snapshot),
-        {
-            vm.instance_id: vm.borrowed_from_id
-            for vm in live.holders.values()
-            if vm.borrowed_from_id
-        },
+        snapshot, in_force_rows(capacity_set, snapshot), live.holders.values()
     )
     return SetSnapshot(
         capacity_set=capacity_set, generation=generation, snapshot=snapshot, live=live

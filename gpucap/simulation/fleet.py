@@ -108,6 +108,9 @@ class Fleet:
         self.borrowing: dict[str, str] = {
             vm.id: vm.borrowed for vm in start.vms if vm.borrowed is not None
         }
+        # Demand id -> the reservation its placement claims: the VM is placed inside it once it
+        # starts (as the live VM's reservation is set from the placement), and held first.
+        self.claiming: dict[str, str] = {}
         for vm in start.vms:
             self._add(SimVm(vm, ready_at=vm.started_at, ends_at=None))
             if vm.state == "notified":
@@ -213,6 +216,7 @@ class Fleet:
             tenant=demand.tenant,
             group=demand.job,
             borrowed=self.borrowing.get(frozen.id),
+            reservation=self.claiming.pop(frozen.id, None),
         )
         ends_at = now + demand.duration if demand.duration is not None else None
         self._add(SimVm(vm, ready_at=now + self.startup, ends_at=ends_at))
@@ -337,6 +341,10 @@ class Fleet:
             self.leave(now)
         for placement in made.placements:
             demand = self.pending.pop(placement.demand)
+            if placement.reservation is not None:
+                self.claiming[placement.demand] = placement.reservation
+            else:
+                self.claiming.pop(placement.demand, None)
             holders = self.holder[placement.node]
             if all(holders[index] is None for index in placement.gpus):
                 self.start_vm(demand, placement.node, placement.gpus, now)

@@ -15,6 +15,7 @@ from gpucap.plans import services
 from gpucap.plans.models import Plan
 from gpucap.plans.reservation_feed import borrowed_flags_write
 from gpucap.plans.reservations import reservation_preview
+from gpucap.plans.snapshot import capacity_set_snapshot
 from gpucap.rentals import services as rentals
 from gpucap.rentals.models import VirtualMachine
 from gpucap.usage.models import UsageInterval
@@ -121,6 +122,10 @@ def test_acme_claims_its_reservation_from_globex_s_borrowing_spot_vms(
     train.refresh_from_db()
     assert train.state == State.PROVISIONING and train.node_id == victims[0].node_id
     assert train.reservation_id == reservation.pk and train.borrowed_from_id is None
+    # The arbiter sees it placed inside the reservation: held there first (rule 4).
+    inside = {vm.id: vm.reservation for vm in capacity_set_snapshot(h100).snapshot.vms}
+    assert inside[train.instance_id] == str(reservation.pk)
+    assert {inside[vm.instance_id] for vm in globex_spots if vm.instance_id in inside} <= {None}
 
 
 def test_a_plan_made_again_flags_nothing_twice(h100, tenant, globex_spots, operator):

@@ -145,7 +145,7 @@ def snapshots(
     demand groups tenants, dedicates some nodes to tenants and adds up to three quotas (off by
     default, for references that do not model tenants). ``reservations`` (with ``tenancy``) adds
     up to two reservations, mostly within the set's ready shared GPUs, and flags some VMs as
-    borrowing from them (or from a reservation that ended)."""
+    borrowing from them (or from a reservation that ended) or as placed inside them."""
     fabric = fabric or draw(st.sampled_from(("nvswitch", "pcie")))
     pool_count = draw(st.integers(2, 4))
     kind_choices = victim_kinds or ("spot", "spot", "inference", "on_demand")
@@ -278,10 +278,16 @@ def _reservations(draw, fabric: str, nodes: list[Node]) -> list[Reservation]:
 
 
 def _borrowers(draw, vms: list[Vm], reservations: list[Reservation]) -> list[Vm]:
-    """Flag some VMs as borrowing: from a reservation in force, or from one that ended."""
+    """Flag some VMs as borrowing (from a reservation in force, or from one that ended), and
+    some as placed inside one by a claim (their tenant's, another's, or one that ended)."""
     ids = [r.id for r in reservations] + ["r-ended"]
     return [
-        dataclasses.replace(vm, borrowed=draw(st.sampled_from((None, *ids, *ids)))) for vm in vms
+        dataclasses.replace(
+            vm,
+            borrowed=draw(st.sampled_from((None, *ids, *ids))),
+            reservation=draw(st.sampled_from((None, None, *ids))),
+        )
+        for vm in vms
     ]
 
 

@@ -7,16 +7,17 @@ claims past the unused part or of another tenant, kept blocks that are no free p
 the reservation's size, kept capacity used by anyone but the tenant and borrowers, a
 reservation kept short while an ordinary placement took a block it could have kept, a claim
 reclaiming others while a partition held only by its borrowers was there, and reports that
-misstate what the tenant holds, what is kept, who borrows or how far it is short. A
-reservation is judged by the GPUs honoured (`honoured`): reservations asking more than the
-set's ready shared GPUs are honoured in the order given, in whole blocks.
+misstate what the tenant holds, what is kept, who borrows or how far it is short; and (rule 4)
+a VM held inside a reservation preempted, or named among what a claim would reclaim once the
+plan is carried out. A reservation is judged by the GPUs honoured (`honoured`): reservations
+asking more than the set's ready shared GPUs are honoured in the order given, in whole blocks.
 """
 
 from __future__ import annotations
 
 import math
 
-from gpucap.arbiter.model import Placement, Plan, Preemption, Snapshot
+from gpucap.arbiter.model import Placement, Plan, Preemption, Reservation, Snapshot, Vm
 from gpucap.arbiter.topology import partition_table
 
 Gpus = set[tuple[str, int]]
@@ -36,6 +37,28 @@ def honoured(snapshot: Snapshot) -> dict[str, int]:
         given[r.id] = min(r.gpus, r.block_gpus * (left // r.block_gpus))
         left -= given[r.id]
     return given
+
+
+def held_inside(
+    reservations: list[Reservation], given: dict[str, int], vms: list[Vm], borrowers: set[str]
+) -> dict[str, str]:
+    """VM id -> reservation, for the VMs held inside the reservations (rule 4): per
+    reservation, its tenant's running VMs that borrow nothing, those placed inside it first,
+    then the rest, each oldest first (then by id), taken whole while fewer than the GPUs
+    honoured are held."""
+    held = {}
+    for r in reservations:
+        mine = [
+            vm
+            for vm in vms
+            if vm.tenant == r.tenant and vm.state == "running" and vm.id not in borrowers
+        ]
+        holding = 0
+        for vm in sorted(mine, key=lambda vm: (vm.reservation != r.id, vm.started_at, vm.id)):
+            if holding < given[r.id]:
+                held[vm.id] = r.id
+                holding += len(vm.gpus)
+    return held
 
 
 def _gpus(blocks) -> Gpus:
@@ -64,6 +87,9 @@ class Reserved:
         self.reports = reports
         self.kept = {rid: _gpus(report.kept_blocks) for rid, report in reports.items()}
         self.claim_kept = {rid: _gpus(report.claim_blocks) for rid, report in reports.items()}
+        self.held = held_inside(
+            list(snapshot.reservations), self.honoured, list(snapshot.vms), set(self.borrowers)
+        )
 
     def exempt(self, preemption: Preemption) -> bool:
         """A claim's reclaim of a VM borrowing from the claim's reservation."""
@@ -106,6 +132,7 @@ class Reserved:
             problems += self._kept(rid, report, keep_free, claims)
             problems += self._report(rid, report)
         problems += self._borrowers_first(claims)
+        problems += self._held()
         return problems
 
     def _unreserved(self) -> list[str]:
@@ -278,6 +305,62 @@ class Reserved:
                                 f"alone hold {node.name} {block}"
                             )
             gone |= set(p.preempts)
+        return problems
+
+    def _held(self) -> list[str]:
+        """Rule 4: no held VM is preempted, so no tenant is taken below min(N, H), H what it
+        runs outside borrowed capacity; and a claim right after the plan would reclaim no VM
+        held inside a reservation then."""
+        problems = []
+        preempted = {p.vm: p.for_demand for p in self.plan.preemptions}
+        for vm_id, rid in self.held.items():
+            if vm_id in preempted:
+                problems.append(
+                    f"{rid}: {vm_id} is held inside it, yet preempted for {preempted[vm_id]}"
+                )
+        for rid, r in self.reservations.items():
+            # What the tenant runs outside capacity borrowed from another reservation.
+            own = [
+                vm
+                for vm in self.snapshot.vms
+                if vm.tenant == r.tenant and vm.state == "running" and vm.id not in self.borrowers
+            ]
+            before = sum(len(vm.gpus) for vm in own)
+            left = before - sum(len(vm.gpus) for vm in own if vm.id in preempted)
+            if left < min(self.honoured[rid], before):
+                problems.append(f"{rid}: tenant {r.tenant} taken from {before} to {left} GPUs")
+        after = [vm for vm in self.snapshot.vms if vm.id not in preempted]
+        now = self.snapshot.now
+        for p in self.plan.placements:
+            demand = self.demands[p.demand]
+            after.append(
+                Vm(
+                    p.demand,
+                    demand.pool,
+                    p.node,
+                    p.gpus,
+                    now or demand.requested_at,
+                    tenant=demand.tenant,
+                    borrowed=p.borrowed,
+                    reservation=p.reservation,
+                )
+            )
+        lenders = {
+            vm.id
+            for vm in after
+            if vm.borrowed in self.reservations
+            and vm.state == "running"
+            and self.kinds[vm.pool] == "spot"
+            and vm.tenant != self.reservations[vm.borrowed].tenant
+        }
+        held_after = held_inside(list(self.reservations.values()), self.honoured, after, lenders)
+        for rid, report in self.reports.items():
+            for vm_id in report.claim_reclaims:
+                if vm_id in held_after:
+                    problems.append(
+                        f"{rid}: a claim would reclaim {vm_id}, held inside "
+                        f"{held_after[vm_id]} after the plan"
+                    )
         return problems
 
     def _held_before(self, tenant: str) -> int:

@@ -23,7 +23,8 @@ def rule_violations(snapshot: Snapshot, plan: Plan) -> list[str]:
     demands = {demand.id: demand for demand in snapshot.demands}
     deployments = {d.name: d for d in snapshot.deployments}
     # Reservations (issue 19): a claim reclaiming its own borrowers is exempt from rules 2, 3
-    # and 3a, and kept capacity is no free capacity for whom may not use it (rule 6).
+    # and 3a, and kept capacity is no free capacity for whom may not use it (rule 6); no VM
+    # held inside a reservation is a victim of anyone (checked with the rest in reserved.py).
     reserved = Reserved(snapshot, plan)
 
     # Who holds each GPU before the plan.

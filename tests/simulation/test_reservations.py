@@ -69,6 +69,20 @@ def test_a_reservation_in_force_from_its_window_is_kept_lent_then_claimed():
         (minute(60), "reservation 7 (umbrella, 8 GPUs) in force"),
         (minute(120), "reservation 7 (umbrella, 8 GPUs) ended"),
     ]
+    # 09:35: globex's reclaimed VM asks to resume (spot, rank 3, above lab), but umbrella's VM
+    # is held inside the reservation: no notice while it is in force, and the wait says why.
+    notices = [(e.at, e.vm) for e in result.events if e.kind == "notice" and e.at < minute(120)]
+    assert notices == [(minute(90), "sim-spot-vm-1")]
+    (vm,) = [vm for vm in plans[95].snapshot.vms if vm.tenant == "umbrella"]
+    assert (vm.id, vm.reservation) == ("sim-lab-vm-2", "7")  # placed inside it by the claim
+    (wait,) = plans[95].plan.unsatisfied
+    assert (wait.demand, wait.reason) == (
+        "sim-spot-vm-1",
+        "waits: the VMs it could reclaim are held inside a reservation: tenant umbrella holds "
+        "8 GPUs inside its reservation 7; they are not reclaimed while it is in force",
+    )
+    # 10:00: the window closes; umbrella's VM is ordinary again and globex's spot reclaims it.
+    assert notices_at(result, 120) == ["sim-lab-vm-2"]
 
 
 def test_before_its_window_opens_a_reservation_keeps_nothing():
