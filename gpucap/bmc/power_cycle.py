@@ -43,9 +43,20 @@ def power_cycle_carry_out(*, attempt_id: int) -> bool:
     """Power-cycle the node of an open attempt, once: a second delivery of the task finds the
     attempt claimed and does nothing. Returns whether the machine was switched back on."""
     now = timezone.now()
-    claimed = RecoveryAttempt.objects.filter(
-        pk=attempt_id, claimed_at=None, finished_at=None, node__recovery__state=State.CYCLING
-    ).update(claimed_at=now)
+    cycling = NodeRecovery.objects.filter(
+        node__recovery_attempts__pk=attempt_id, state=State.CYCLING
+    ).exists()
+    # The claim's conditions are the row's own columns: a filter through a relation would make
+    # the UPDATE a subquery read before the other delivery's claim committed, and both would
+    # win. On its own columns PostgreSQL checks them again on the row it waited for. (A cycle
+    # given up between the check and the claim is found by _still_ours before any reset.)
+    claimed = (
+        RecoveryAttempt.objects.filter(pk=attempt_id, claimed_at=None, finished_at=None).update(
+            claimed_at=now
+        )
+        if cycling
+        else 0
+    )
     if claimed != 1:
         return False
     attempt = RecoveryAttempt.objects.select_related("node__cluster").get(pk=attempt_id)
