@@ -14,6 +14,7 @@ setting it does not know, or a value of the wrong kind, is a ``DriverError`` nam
 """
 
 import dataclasses
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, get_type_hints
@@ -183,3 +184,35 @@ _KIND_NAMES = {
     dict: "a mapping",
     list: "a list",
 }
+
+
+def template_check(
+    *, allowed: set[str], required: frozenset[str] = frozenset(), empty: bool = False
+):
+    """A check for a setting that is a ``str.format`` template with these placeholders (or, if
+    ``empty``, nothing: the feature is off)."""
+
+    def problem(template: str) -> str:
+        if empty and template == "":
+            return ""
+        if not template.strip():
+            return "must not be empty"
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        except ValueError as error:
+            return f"is not a valid template: {error}"
+        if names - allowed:
+            unknown, known = sorted(names - allowed)[0], ", ".join(f"{{{n}}}" for n in allowed)
+            return f"unknown placeholder {{{unknown}}} (it may use {known})"
+        if required - names:
+            return f"must contain {{{sorted(required - names)[0]}}}"
+        return ""
+
+    return problem
+
+
+def one_of(*choices: str):
+    def problem(value: str) -> str:
+        return "" if value in choices else f"must be one of {', '.join(choices)}, got {value!r}"
+
+    return problem

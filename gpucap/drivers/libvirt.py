@@ -154,7 +154,10 @@ class LibvirtDriver:
             return VmStatus(state=MISSING) if domain is None else self._status(domain)
 
     def hypervisor_answers(self, node: str) -> bool:
-        """The node's libvirt, asked for its version within ``probe_timeout_seconds``."""
+        """The node's libvirt, asked for its version within ``probe_timeout_seconds``; or, with
+        ``probe_tcp_port`` set, the node's port (``gpucap.drivers.tcp_probe``)."""
+        if self.settings.probe_by_tcp():
+            return self.settings.probe_answers(node)
         return host.answers(self.uri_for(node), timeout=self.settings.probe_timeout_seconds)
 
     # --- inside ------------------------------------------------------------------------------

@@ -1,47 +1,19 @@
 """The libvirt driver's settings (a cluster's ``driver_settings``), each checked by name when a
 cluster is saved: see docs/drivers.md for what each one does."""
 
-import string
 from dataclasses import dataclass, field
 
+from gpucap.drivers.base import one_of, template_check
 from gpucap.drivers.fabric_manager import DEFAULT_COMMAND, command_problem, fabric_manager_problem
 from gpucap.drivers.libvirt_xml import DomainShape
-
-
-def template_check(
-    *, allowed: set[str], required: frozenset[str] = frozenset(), empty: bool = False
-):
-    """A check for a setting that is a ``str.format`` template with these placeholders (or, if
-    ``empty``, nothing: the feature is off)."""
-
-    def problem(template: str) -> str:
-        if empty and template == "":
-            return ""
-        if not template.strip():
-            return "must not be empty"
-        try:
-            names = {name for _, name, _, _ in string.Formatter().parse(template) if name}
-        except ValueError as error:
-            return f"is not a valid template: {error}"
-        if names - allowed:
-            unknown, known = sorted(names - allowed)[0], ", ".join(f"{{{n}}}" for n in allowed)
-            return f"unknown placeholder {{{unknown}}} (it may use {known})"
-        if required - names:
-            return f"must contain {{{sorted(required - names)[0]}}}"
-        return ""
-
-    return problem
-
-
-def one_of(*choices: str):
-    def problem(value: str) -> str:
-        return "" if value in choices else f"must be one of {', '.join(choices)}, got {value!r}"
-
-    return problem
+from gpucap.drivers.tcp_probe import ProbeSettings
 
 
 @dataclass(frozen=True)
-class LibvirtSettings:
+class LibvirtSettings(ProbeSettings):
+    """With the hypervisor probe's (``ProbeSettings``): by default the node's libvirt is asked
+    for its version within ``probe_timeout_seconds``."""
+
     uri: str = field(
         metadata={
             "example": "qemu+ssh://root@{node}/system",
@@ -62,8 +34,6 @@ class LibvirtSettings:
     firmware: str = field(default="efi", metadata={"check": one_of("efi", "bios")})
     grace_seconds: float = field(default=30.0, metadata={"minimum": 0})
     poll_seconds: float = field(default=1.0, metadata={"minimum": 0.01})
-    # How long the hypervisor watch waits for a node's libvirt to say its version.
-    probe_timeout_seconds: float = field(default=10.0, metadata={"minimum": 0.1})
     # False leaves the GPUs out of every domain: for rigs with no GPUs to pass (CI, a lab), so
     # everything else runs for real. Never on a production cluster; its page says so.
     gpu_passthrough: bool = True

@@ -19,6 +19,8 @@ and each test database has a fleet of its own):
 - ``silent:<node>`` — that node's hypervisor does not answer (``hypervisor_silence``), as a
   node that hung or lost power: its probe says no until the key is gone
   (``hypervisor_restore``). For a demo: ``SET gpucap:sim:gpucap:silent:h100-004 1``.
+  A cluster whose settings name a ``probe_tcp_port`` asks its nodes' port instead
+  (``gpucap.drivers.tcp_probe``).
 
 A cluster's ``driver_settings`` may also say ``{"fail": {"create": "message"}}`` (or
 ``{"create": {"message": "...", "transient": true}}``): every such call fails while the
@@ -56,6 +58,7 @@ from gpucap.drivers.base import (
     VmStatus,
     settings_parse,
 )
+from gpucap.drivers.tcp_probe import ProbeSettings
 
 KEY_PREFIX = "gpucap:sim:"
 OPERATIONS = ("create", "stop", "start", "destroy", "status")
@@ -74,7 +77,11 @@ def _failures_problem(failures: dict) -> str:
 
 
 @dataclass(frozen=True)
-class SimulatedSettings:
+class SimulatedSettings(ProbeSettings):
+    """With the hypervisor probe's (``ProbeSettings``): by default a node answers unless the
+    fleet silenced it; with ``probe_tcp_port`` set, the node's port is asked (simulated VMs on
+    real machines: a lab's recovery drill)."""
+
     boot_seconds: float = field(default=3.0, metadata={"minimum": 0})
     stop_seconds: float = field(default=0.0, metadata={"minimum": 0})
     grace_seconds: float = field(default=30.0, metadata={"minimum": 0})
@@ -161,6 +168,8 @@ class SimulatedDriver:
         return self._status(*self._read(self._vm_key(instance_id, node)))
 
     def hypervisor_answers(self, node: str) -> bool:
+        if self.settings.probe_by_tcp():
+            return self.settings.probe_answers(node)
         try:
             return not self.redis.exists(self._silent_key(node))
         except redis.RedisError:

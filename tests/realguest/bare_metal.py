@@ -2,9 +2,13 @@
 (tests/realguest/rig.py) booting the tiny guest stands in for a physical server, and
 ``LibvirtBmc`` (tests/bmc/emulators.py) is its BMC, serving that domain alone over Redfish.
 
-The domain has no disk and no NIC: what the BMC tests look at is its power, its CD-ROM and its
-boot order, and its serial console, where the guest prints ``gpucap-guest: booted`` each time it
-comes up (so a test can tell a restart from a machine that merely stayed on).
+The domain has no disk: what the BMC tests look at is its power, its CD-ROM and its boot order,
+and its serial console, where the guest prints ``gpucap-guest: booted`` each time it comes up
+(so a test can tell a restart from a machine that merely stayed on). Its one NIC is on the
+rig's guest bridge at ``ADDRESS`` (given on its kernel command line, as a server's management
+address is configured on it), where the booted guest accepts connections on ``PROBE_PORT``, as
+a server's sshd does: what recovery's hypervisor probe knocks at. Paused (``pause``: a hung
+machine) or off, it accepts none.
 """
 
 import uuid
@@ -21,19 +25,27 @@ from tests.realguest import rig
 
 POOL = "gpucap"  # the rig's storage pool, where the emulator uploads inserted media
 BOOTED = "gpucap-guest: booted"
+# Far from the addresses gpucap gives the rig's VMs (from the bottom of the subnet); one machine
+# at a time (``bare_metal_server`` is per module).
+ADDRESS = "10.213.0.250"
+PROBE_PORT = 22  # the guest's init listens there once booted (tests/realguest/guest/init)
 
 
 @dataclass
 class Server:
     """One machine and its BMC: ``name`` and ``uuid`` are the domain's, ``console`` its serial
-    log, ``bmc`` the emulator serving it and ``target`` how gpucap's client reaches it."""
+    log, ``qemu_log`` libvirt's log of its QEMU processes, ``address`` where its NIC answers
+    once booted, ``bmc`` the emulator serving it and ``target`` how gpucap's client reaches
+    it."""
 
     name: str
     uuid: str
     uri: str
     console: Path
+    qemu_log: Path
     bmc: LibvirtBmc
     target: BmcTarget
+    address: str = ADDRESS
 
     def domain_state(self) -> int:
         """libvirt's word for the domain now (``libvirt.VIR_DOMAIN_RUNNING``, ``..._SHUTOFF``)."""
@@ -52,6 +64,23 @@ class Server:
             domain = connection.lookupByUUIDString(self.uuid)
             flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
             return ET.fromstring(domain.XMLDesc(flags))
+
+    def pause(self) -> None:
+        """Suspend the domain: its QEMU process stays, its guest stops running (a hung machine:
+        it answers nothing, and its BMC still says it is On)."""
+        with _connection(self.uri) as connection:
+            connection.lookupByUUIDString(self.uuid).suspend()
+
+    def resume(self) -> None:
+        with _connection(self.uri) as connection:
+            domain = connection.lookupByUUIDString(self.uuid)
+            if domain.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                domain.resume()
+
+    def libvirt_log(self) -> str:
+        """What libvirtd wrote of the domain's QEMU processes: each start ("starting up") and
+        each end ("shutting down, reason=destroyed" for a forced one)."""
+        return self.qemu_log.read_text(errors="replace") if self.qemu_log.exists() else ""
 
     def boots(self) -> int:
         """How many times the guest has come up since the domain was defined."""
@@ -78,7 +107,13 @@ def server(node: rig.Node, image: rig.GuestImage, accel: str, name: str):
                 password=bmc.password,
             )
             yield Server(
-                name=name, uuid=domain_uuid, uri=node.uri, console=console, bmc=bmc, target=target
+                name=name,
+                uuid=domain_uuid,
+                uri=node.uri,
+                console=console,
+                qemu_log=node.directory / "log" / "qemu" / f"{name}.log",
+                bmc=bmc,
+                target=target,
             )
     finally:
         _remove(node.uri, domain_uuid)
@@ -94,10 +129,14 @@ def _domain_xml(name: str, domain_uuid: str, image: rig.GuestImage, accel: str, 
     ET.SubElement(os, "type", arch="x86_64", machine="pc").text = "hvm"
     ET.SubElement(os, "kernel").text = str(image.kernel)
     ET.SubElement(os, "initrd").text = str(image.initrd)
-    ET.SubElement(os, "cmdline").text = "console=ttyS0 quiet"
+    address = f"gpucap.address={ADDRESS}/24 gpucap.gateway={rig.GATEWAY}"
+    ET.SubElement(os, "cmdline").text = f"console=ttyS0 quiet {address}"
     if accel == "kvm":
         ET.SubElement(domain, "cpu", mode="host-passthrough")
     devices = ET.SubElement(domain, "devices")
+    interface = ET.SubElement(devices, "interface", type="bridge")
+    ET.SubElement(interface, "source", bridge=rig.BRIDGE)
+    ET.SubElement(interface, "model", type="virtio")
     serial = ET.SubElement(devices, "serial", type="file")
     ET.SubElement(serial, "source", path=str(console), append="on")
     return ET.tostring(domain, encoding="unicode")
