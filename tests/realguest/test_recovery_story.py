@@ -31,11 +31,13 @@ celery_queue = rentals_fixtures.celery_queue
 workers = rentals_fixtures.workers
 
 TIMEOUT = 300  # QEMU emulation on a loaded 2-core machine: generous
-PROBE_TIMEOUT_SECONDS = 3
+PROBE_TIMEOUT_SECONDS = 5
 ENVIRONMENT = {
     "BMC_CREDENTIAL_KEYS": TEST_KEY,
     "HYPERVISOR_WATCH_SECONDS": "2",
-    "NODE_DOWN_AFTER_SECONDS": "6",
+    # Long enough that an emulated guest starved of CPU for a few probes is not marked down
+    # before the test pauses it.
+    "NODE_DOWN_AFTER_SECONDS": "15",
     "RECOVERY_TICK_SECONDS": "2",
     "RECOVERY_POLL_SECONDS": "1",
 }
