@@ -4,3 +4,14 @@ from django.apps import AppConfig
 class BmcConfig(AppConfig):
     name = "gpucap.bmc"
     verbose_name = "Bare metal (BMC)"
+
+    def ready(self) -> None:
+        from gpucap.bmc import bare_metal, bare_metal_tasks  # noqa: F401  (the tasks register)
+        from gpucap.fleet.signals import node_dedication_changing, node_state_changing
+
+        node_state_changing.connect(
+            bare_metal.node_stays_out_of_service, dispatch_uid="bmc.node_stays_out_of_service"
+        )
+        node_dedication_changing.connect(
+            bare_metal.node_stays_dedicated, dispatch_uid="bmc.node_stays_dedicated"
+        )

@@ -24,3 +24,15 @@ node_went_down = Signal()
 # or stop being "dedicated" GPU time) and opens the next. Sent inside the transaction that
 # changed the node. Argument: ``node_id``.
 node_dedication_changed = Signal()
+
+# About to move a node between states (``node_set_state``), sent once the move is legal and
+# before anything changes: a receiver that must keep the node where it is raises
+# ``gpucap.errors.Conflict`` naming why, and nothing changes. The BMC app keeps a node rented
+# whole to a tenant out of service (``gpucap.bmc.bare_metal``: no ``ready`` or ``draining``
+# while the rental lasts). Arguments: ``node``, ``old``, ``new``.
+node_state_changing = Signal()
+
+# About to dedicate a node to a tenant or release it (``node_set_dedicated_tenant``), before
+# anything changes; a receiver may refuse with ``Conflict``, as above (a node rented whole stays
+# its tenant's until the rental ends). Arguments: ``node``, ``tenant`` (None: released).
+node_dedication_changing = Signal()

@@ -15,7 +15,7 @@ from gpucap.fleet.models import MAX_GPUS_PER_NODE, CapacitySet, Cluster, Fabric,
 from gpucap.fleet.services._common import capacity_set_bump, delete_unused, field_change, lock_set
 from gpucap.fleet.services.capacity_sets import capacity_set_gpu_total
 from gpucap.fleet.services.fabric import fabric_ids_kept, module_id_problem, module_ids_problem
-from gpucap.fleet.signals import node_went_down
+from gpucap.fleet.signals import node_state_changing, node_went_down
 
 # PCI bus ids of the eight GPUs on a typical HGX baseboard, used for generated GPUs.
 _HGX_PCI_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -310,6 +310,7 @@ def node_set_state(*, node: Node, state: str, actor: Actor = None, message: str 
     verb = _NODE_TRANSITIONS.get((node.state, state))
     if verb is None:
         raise Conflict(f"node {node.hostname} is {node.state}; it cannot become {state}")
+    node_state_changing.send(sender=Node, node=node, old=node.state, new=state)
     before = node.state
     Node.objects.filter(pk=node.pk, state=before).update(state=state, updated_at=timezone.now())
     node.state = state
