@@ -30,6 +30,7 @@ from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.rentals.services import HOLDING
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.selectors import viewer_role
+from gpucap.usage.models import BARE_METAL, KIND_LABELS
 from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
 
 # The portal shows this many VMs (open notices first, then the newest) and API keys (newest).
@@ -142,7 +143,9 @@ def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
         deployments=tenant_deployments(tenant=tenant),
         usage=[
             UsageTotal(kind, label, hours.get(kind, Decimal(0)))
-            for kind, label in Pool.Kind.choices
+            for kind, label in KIND_LABELS.items()
+            # Bare metal only for a tenant that rents machines whole.
+            if kind != BARE_METAL or hours.get(kind)
         ],
         month_start=since,
         month_end=until,
