@@ -246,6 +246,7 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": "gpucap.plans.models.Plan.Status",
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
         "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
+        "PowerActionStateEnum": "gpucap.bmc.models.BareMetalPowerAction.State",
     },
 }
 

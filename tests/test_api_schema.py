@@ -77,6 +77,12 @@ ENDPOINTS = {
     "/api/reservations/": {"get", "post"},
     "/api/reservations/{id}/": {"get", "patch", "delete"},
     "/api/capacity-sets/{id}/reservations/": {"get"},
+    "/api/bare-metal/": {"get", "post"},
+    "/api/bare-metal/{id}/": {"get"},
+    "/api/bare-metal/{id}/power/": {"post"},
+    "/api/bare-metal/{id}/end/": {"post"},
+    "/api/bare-metal-images/": {"get", "post"},
+    "/api/bare-metal-images/{id}/": {"get", "patch", "delete"},
 }
 
 # Command -> (request component or None, response component).
@@ -100,6 +106,7 @@ COMMANDS = {
     "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
     "/api/capacity-sets/{id}/schedule/": ("ScheduleEntryCreateRequest", "ScheduleEntry"),
     "/api/capacity-sets/{id}/overrides/": ("PolicyOverrideSetRequest", "PolicyOverride"),
+    "/api/bare-metal/{id}/end/": (None, "BareMetalRentalAsSeen"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers
@@ -257,6 +264,8 @@ def test_a_pool_or_image_answer_has_exactly_one_of_its_shapes(schema):
     for seen, shapes in (
         ("PoolAsSeen", {"Pool", "TenantPool"}),
         ("ImageAsSeen", {"Image", "TenantImage"}),
+        ("BareMetalRentalAsSeen", {"OperatorRental", "BareMetalRental"}),
+        ("BareMetalImageAsSeen", {"BareMetalImage", "TenantBareMetalImage"}),
     ):
         assert {b["$ref"].rsplit("/", 1)[-1] for b in components[seen]["oneOf"]} == shapes
         for shape in shapes:
@@ -307,3 +316,14 @@ def test_request_shapes_that_refuse_unknown_fields_say_so(schema):
         name for name, c in requests.items() if c.get("additionalProperties") is not False
     }
     assert open_shapes == {"AuthTokenRequest"}
+
+
+def test_a_tenant_s_power_request_is_answered_202_with_its_rental(schema):
+    operation = schema["paths"]["/api/bare-metal/{id}/power/"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("PowerRequest")
+    answer = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert answer == ref("BareMetalRental")
+    assert not {"bmc_address", "username", "password", "bmc_error"} & set(
+        schema["components"]["schemas"]["BareMetalRental"]["properties"]
+    )

@@ -15,7 +15,12 @@ words, the BMC's error is the operators' (``bmc_error``).
 """
 
 from django.core.exceptions import ValidationError
-from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.utils import (
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -106,8 +111,18 @@ class OperatorRentalSerializer(BareMetalRentalSerializer):
     """A rental as operators see it: with the node's id, who started and ended it, and the
     BMC's own words when a power action failed."""
 
-    started_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    ended_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    started_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="The operator who rented it out; null: the system or a deleted user.",
+    )
+    ended_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who ended it (an operator or the tenant's member); null while it lasts.",
+    )
     power_action_serializer = OperatorPowerActionSerializer
 
     class Meta(BareMetalRentalSerializer.Meta):
@@ -117,6 +132,16 @@ class OperatorRentalSerializer(BareMetalRentalSerializer):
     @extend_schema_field(OperatorPowerActionSerializer(allow_null=True))
     def get_power_action(self, rental: BareMetalRental) -> dict | None:
         return super().get_power_action(rental)
+
+
+def _as_seen(name: str, shapes: list, *, many: bool = False) -> PolymorphicProxySerializer:
+    """For the schema: what operators get, or what a tenant member gets."""
+    return PolymorphicProxySerializer(
+        component_name=name, serializers=shapes, resource_type_field_name=None, many=many
+    )
+
+
+RENTAL_SHAPES = [OperatorRentalSerializer, BareMetalRentalSerializer]
 
 
 # --- input shapes -------------------------------------------------------------------------------
@@ -190,6 +215,8 @@ class RentalFilter(FilterSet):
 
 
 @extend_schema_view(
+    list=extend_schema(responses=_as_seen("BareMetalRentalAsSeen", RENTAL_SHAPES, many=True)),
+    retrieve=extend_schema(responses=_as_seen("BareMetalRentalAsSeen", RENTAL_SHAPES)),
     create=extend_schema(
         request=RentSerializer,
         responses={201: OperatorRentalSerializer},
@@ -239,7 +266,7 @@ class BareMetalRentalViewSet(
         )
         return Response(self.read(rental), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=BareMetalRentalSerializer)
+    @extend_schema(request=None, responses=_as_seen("BareMetalRentalAsSeen", RENTAL_SHAPES))
     @action(detail=True, methods=["post"])
     def end(self, request, pk=None):
         """End the rental now (operators, or the tenant's members): usage stops counting its
@@ -350,7 +377,12 @@ class BareMetalImageFilter(FilterSet):
         fields = {"name": ["exact"]}
 
 
+IMAGE_SHAPES = [BareMetalImageSerializer, TenantBareMetalImageSerializer]
+
+
 @extend_schema_view(
+    list=extend_schema(responses=_as_seen("BareMetalImageAsSeen", IMAGE_SHAPES, many=True)),
+    retrieve=extend_schema(responses=_as_seen("BareMetalImageAsSeen", IMAGE_SHAPES)),
     create=extend_schema(
         request=BareMetalImageCreateSerializer, responses={201: BareMetalImageSerializer}
     ),
