@@ -19,6 +19,7 @@ from gpucap.allocation.selectors import (
     reservation_window,
     reservations_held,
 )
+from gpucap.bmc.models import BareMetalRental
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.selectors import DeploymentList, tenant_deployments
@@ -93,6 +94,11 @@ class TenantPortal:
     @property
     def read_only(self) -> bool:
         return self.role == "operator"
+
+    @property
+    def rents_machines(self) -> bool:
+        """Some of its dedicated nodes are rented to it whole (its Machines page)."""
+        return any(dedicated.rental_id for dedicated in self.dedicated)
 
     @property
     def is_admin(self) -> bool:
@@ -233,6 +239,7 @@ class DedicatedNode:
     vms: list[VirtualMachine]
     others_leaving: int  # other tenants' VMs still holding GPUs here
     others_gpus: int  # and their GPUs
+    rental_id: int | None = None  # rented whole to the tenant as bare metal (gpucap.bmc)
 
     @property
     def free_gpus(self) -> int:
@@ -258,6 +265,9 @@ def dedicated_nodes(*, tenant: Tenant) -> list[DedicatedNode]:
                 ),
                 Value(0),
             ),
+            rental_id=Subquery(
+                BareMetalRental.objects.filter(node=OuterRef("pk"), ended_at=None).values("pk")
+            ),
         )
         .order_by("hostname")
     )
@@ -270,7 +280,11 @@ def dedicated_nodes(*, tenant: Tenant) -> list[DedicatedNode]:
         vms[vm.node_id].append(vm)
     return [
         DedicatedNode(
-            node=node, vms=vms[node.pk], others_leaving=node.others, others_gpus=node.others_gpus
+            node=node,
+            vms=vms[node.pk],
+            others_leaving=node.others,
+            others_gpus=node.others_gpus,
+            rental_id=node.rental_id,
         )
         for node in nodes
     ]
