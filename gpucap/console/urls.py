@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gpucap.console import dedication, reservations, schedule, views
+from gpucap.console import bare_metal, dedication, reservations, schedule, views
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -49,6 +49,26 @@ urlpatterns = [
     ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
+    path(
+        "clusters/<slug:name>/bare-metal-images/",
+        bare_metal.images_section,
+        name="bare-metal-images",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/add/",
+        bare_metal.image_add,
+        name="bare-metal-image-add",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/<int:pk>/offer/",
+        bare_metal.image_offer,
+        name="bare-metal-image-offer",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/<int:pk>/delete/",
+        bare_metal.image_delete,
+        name="bare-metal-image-delete",
+    ),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(
@@ -64,5 +84,20 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/release/",
         dedication.node_release,
         name="node-release",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/",
+        bare_metal.node_section,
+        name="node-bare-metal",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/rent/",
+        bare_metal.node_rent,
+        name="node-bare-metal-rent",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/end/",
+        bare_metal.node_rental_end,
+        name="node-bare-metal-end",
     ),
 ]
