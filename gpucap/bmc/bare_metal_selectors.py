@@ -58,9 +58,12 @@ class TenantMachines:
 
     @property
     def settling(self) -> bool:
-        """Something is changing: the page polls faster."""
+        """Something is changing (a power action under way, a power not read yet): the page
+        polls faster."""
         return any(
-            rental.last_power is not None and rental.last_power.under_way for rental in self.active
+            (rental.last_power is not None and rental.last_power.under_way)
+            or rental.power_read_at is None
+            for rental in self.active
         )
 
 
