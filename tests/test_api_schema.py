@@ -81,6 +81,7 @@ ENDPOINTS = {
     "/api/bare-metal/{id}/": {"get"},
     "/api/bare-metal/{id}/power/": {"post"},
     "/api/bare-metal/{id}/end/": {"post"},
+    "/api/bare-metal/{id}/reclaim/": {"post"},
     "/api/bare-metal-images/": {"get", "post"},
     "/api/bare-metal-images/{id}/": {"get", "patch", "delete"},
 }
@@ -106,7 +107,8 @@ COMMANDS = {
     "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
     "/api/capacity-sets/{id}/schedule/": ("ScheduleEntryCreateRequest", "ScheduleEntry"),
     "/api/capacity-sets/{id}/overrides/": ("PolicyOverrideSetRequest", "PolicyOverride"),
-    "/api/bare-metal/{id}/end/": (None, "BareMetalRentalAsSeen"),
+    "/api/bare-metal/{id}/end/": (None, "BareMetalRental"),
+    "/api/bare-metal/{id}/reclaim/": (None, "OperatorRental"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers

@@ -3,8 +3,8 @@
 - ``/api/bare-metal/``: rentals. A tenant member lists and reads its own tenants' (another
   tenant's id is a 404, as if it did not exist); operators every one. ``POST`` (operators)
   rents a node dedicated to a tenant to it (``node``, ``tenant``, optional ``image``);
-  ``POST .../<id>/end/`` ends it (operators, or the tenant's members);
-  ``POST .../<id>/power/`` ``{"action": "on"|"off"|"reset"}`` and
+  ``POST .../<id>/reclaim/`` (operators) and ``POST .../<id>/end/`` (the tenant's members)
+  end it; ``POST .../<id>/power/`` ``{"action": "on"|"off"|"reset"}`` and
   ``POST .../<id>/reimage/`` ``{"image": <id or name>}`` are the tenant's members' (202: a task
   acts on it next).
 - ``/api/bare-metal-images/``: the catalogue. Operators see and change every image; a tenant
@@ -23,6 +23,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from gpucap.api.base import InputSerializer, ServiceWrites, choice_field
@@ -229,8 +230,10 @@ class RentalFilter(FilterSet):
 class BareMetalRentalViewSet(
     ServiceWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
-    """Whole machines rented to tenants: a member's own tenants'; every one for operators."""
+    """Whole machines rented to tenants: a member's own tenants'; every one for operators.
+    Operators rent (create) and reclaim; the tenant's members switch the power and end it."""
 
+    permission_classes = [IsOperatorOrReadOnly]
     serializer_class = BareMetalRentalSerializer
     filterset_class = RentalFilter
 
@@ -243,11 +246,6 @@ class BareMetalRentalViewSet(
         if is_operator(self.request.user):
             return OperatorRentalSerializer
         return BareMetalRentalSerializer
-
-    def get_permissions(self):
-        if self.action == "create":
-            return [IsOperator()]
-        return super().get_permissions()
 
     def get_serializer(self, *args, **kwargs):
         """Every rental shown carries its newest power action (one query for a page)."""
@@ -266,20 +264,27 @@ class BareMetalRentalViewSet(
         )
         return Response(self.read(rental), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=_as_seen("BareMetalRentalAsSeen", RENTAL_SHAPES))
-    @action(detail=True, methods=["post"])
+    @extend_schema(request=None, responses=BareMetalRentalSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def end(self, request, pk=None):
-        """End the rental now (operators, or the tenant's members): usage stops counting its
+        """The tenant's members: end the rental now and give the machine back; usage stops
+        counting its GPUs. An ended rental is a 409."""
+        rental = self._to_change()
+        bare_metal.bare_metal_end(rental=rental, actor=request.user)
+        return Response(self.read(rental))
+
+    @extend_schema(request=None, responses=OperatorRentalSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def reclaim(self, request, pk=None):
+        """Operators: end the rental now and take the machine back; usage stops counting its
         GPUs. The node stays cordoned and dedicated until an operator puts it back into
-        service. An ended rental is a 409."""
+        service (it runs what the tenant installed). An ended rental is a 409."""
         rental = self.get_object()
-        if not is_operator(request.user):
-            tenant_change_check(request.user, rental.tenant_id)
         bare_metal.bare_metal_end(rental=rental, actor=request.user)
         return Response(self.read(rental))
 
     @extend_schema(request=PowerSerializer, responses={202: BareMetalRentalSerializer})
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def power(self, request, pk=None):
         """The tenant's members: power the machine on, off (hard) or reset it (hard restart),
         through gpucap; `power_action` says how far it got. Another action still under way, or

@@ -186,15 +186,26 @@ def test_a_node_not_dedicated_to_the_tenant_is_a_409_naming_why(operator_api, fl
     }
 
 
-def test_the_tenant_or_an_operator_ends_a_rental_once(member_api, operator_api, rental):
+def test_the_tenant_ends_a_rental_once_and_operators_reclaim_it(
+    member_api, operator_api, rental, tenant, operator, node
+):
+    assert operator_api.post(f"/api/bare-metal/{rental.pk}/end/").status_code == 403
+    assert member_api.post(f"/api/bare-metal/{rental.pk}/reclaim/").status_code == 403
+
     response = member_api.post(f"/api/bare-metal/{rental.pk}/end/")
 
     assert response.status_code == 200
     assert response.json()["active"] is False and response.json()["ended_at"]
-    again = operator_api.post(f"/api/bare-metal/{rental.pk}/end/")
+    again = member_api.post(f"/api/bare-metal/{rental.pk}/end/")
     assert again.status_code == 409 and again.json()["error"]["code"] == "rental_ended"
-    active = member_api.get("/api/bare-metal/?active=true").json()["results"]
-    assert active == []
+    assert member_api.get("/api/bare-metal/?active=true").json()["results"] == []
+
+    fleet.node_uncordon(node=node, actor=operator)
+    fleet.node_cordon(node=node, actor=operator)
+    second = rent(node, tenant, actor=operator)
+    reclaimed = operator_api.post(f"/api/bare-metal/{second.pk}/reclaim/")
+    assert reclaimed.status_code == 200
+    assert (reclaimed.json()["active"], reclaimed.json()["ended_by"]) == (False, "olivia")
 
 
 def test_listing_rentals_takes_a_fixed_number_of_queries(
