@@ -21,7 +21,7 @@ def rentals_visible_to(user: AbstractBaseUser | AnonymousUser) -> QuerySet[BareM
     is not found)."""
     rentals = BareMetalRental.objects.select_related("node__cluster", "tenant", "image")
     if is_operator(user):
-        return rentals
+        return rentals.select_related("started_by", "ended_by")
     return rentals.filter(tenant_id__in=tenant_ids_for(user))
 
 

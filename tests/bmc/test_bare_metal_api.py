@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpucap.audit.models import AuditEvent
+from gpucap.bmc import bare_metal
 from gpucap.bmc.models import BareMetalImage, BareMetalPowerAction, BareMetalRental
 from gpucap.fleet import services as fleet
 from tests.bmc.bare_metal_helpers import catalogue_image, dedicated, rent
@@ -220,6 +221,22 @@ def test_listing_rentals_takes_a_fixed_number_of_queries(
     with django_assert_num_queries(4):
         response = member_api.get("/api/bare-metal/")
     assert len(response.json()["results"]) == 3
+
+
+def test_operators_list_every_rental_in_a_fixed_number_of_queries(
+    operator_api, fleet_east, tenant, operator, rental, django_assert_num_queries
+):
+    for hostname in ("l40s-001", "l40s-002"):
+        rent(
+            dedicated(fleet_east["nodes"][hostname], tenant, operator=operator),
+            tenant,
+            actor=operator,
+        )
+    bare_metal.bare_metal_end(rental=rental, actor=operator)
+    # the operators' group, the count, the page (with who started and ended each), the power
+    with django_assert_num_queries(4):
+        response = operator_api.get("/api/bare-metal/")
+    assert [r["ended_by"] for r in response.json()["results"]] == [None, None, "olivia"]
 
 
 # --- the catalogue ------------------------------------------------------------------------------
