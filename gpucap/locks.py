@@ -11,6 +11,7 @@ class              letters  id                                          held by
 ``STANDALONE``     gpsp    a cluster: standalone placement              transaction
 ``CAPACITY_SET``   gpcs    a capacity set: planning and applying plans  transaction
 ``USAGE``          gpus    0: making usage records                      transaction
+``PROVISIONING``   gpbp    a provisioning run: stepping it              session (bmc tasks)
 =================  ======  ===========================================  =====================
 """
 
@@ -20,6 +21,7 @@ DRIVER_WORK = 0x67707663
 STANDALONE = 0x67707370
 CAPACITY_SET = 0x67706373
 USAGE = 0x67707573
+PROVISIONING = 0x67706270
 
 
 def key(lock_class: int, object_id: int) -> tuple[int, int]:

@@ -247,6 +247,7 @@ SPECTACULAR_SETTINGS = {
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
         "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
         "PowerActionStateEnum": "gpucap.bmc.models.BareMetalPowerAction.State",
+        "DiscoveryStateEnum": "gpucap.bmc.models.DiscoveryRun.State",
     },
 }
 
@@ -456,3 +457,12 @@ BMC_CREDENTIAL_KEYS = env_fernet_keys("BMC_CREDENTIAL_KEYS")
 BMC_CA_BUNDLE = env_str("BMC_CA_BUNDLE", "")
 BMC_CONNECT_TIMEOUT_SECONDS = env_int("BMC_CONNECT_TIMEOUT_SECONDS", 5, minimum=1)
 BMC_READ_TIMEOUT_SECONDS = env_int("BMC_READ_TIMEOUT_SECONDS", 30, minimum=1)
+# Provisioning by virtual media: how long a run may take from the request until the node's
+# hypervisor answers, and how often runs in progress are stepped (bmc.provisionings_tick).
+PROVISION_TIMEOUT_SECONDS = env_int("PROVISION_TIMEOUT_SECONDS", 3600, minimum=1)
+PROVISION_POLL_SECONDS = env_int("PROVISION_POLL_SECONDS", 15, minimum=1)
+CELERY_BEAT_SCHEDULE["bmc-provisionings-tick"] = {
+    "task": "bmc.provisionings_tick",
+    "schedule": float(PROVISION_POLL_SECONDS),
+    "options": {"expires": float(PROVISION_POLL_SECONDS)},
+}

@@ -25,7 +25,7 @@ from schemathesis.config import SchemathesisConfig
 
 from gpucap.allocation import services as allocation
 from gpucap.allocation.models import Reservation, TenantQuota
-from gpucap.bmc.models import BareMetalImage, BareMetalRental
+from gpucap.bmc.models import BareMetalImage, BareMetalRental, DiscoveryRun
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -80,6 +80,7 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/nodes/{id}/join-set/"),
     ("POST", "/api/nodes/{id}/dedicate/"),  # 409: dedicated to another tenant already
     ("POST", "/api/nodes/{id}/release/"),  # 409: a shared node
+    ("POST", "/api/nodes/{id}/provisioning/"),  # 409: a node in service; an http(s) URL
     ("POST", "/api/pools/"),
     ("PATCH", "/api/pools/{id}/"),
     ("POST", "/api/pools/{id}/floor/"),
@@ -100,6 +101,9 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/bare-metal-images/"),
     ("PATCH", "/api/bare-metal-images/{id}/"),
     ("DELETE", "/api/bare-metal-images/{id}/"),  # 409: a rental names it
+    ("POST", "/api/bmc/discoveries/"),  # clusters that exist; at least one entry
+    ("POST", "/api/bmc/discoveries/{id}/apply/"),  # 409: not a preview (any more)
+    ("PUT", "/api/nodes/{id}/bmc/"),  # a node with a BMC address; a password the first time
 ]
 
 CONFIG = SchemathesisConfig.from_dict(
@@ -195,6 +199,25 @@ def fleet_of_two_tenants(
     # acme rents l40s-002 whole, with an image of the cluster's bare-metal catalogue.
     image = catalogue_image(fleet_east["cluster"])
     rent(dedicated(nodes["l40s-002"], tenant, operator=operator), tenant, image=image)
+    # A discovery previewed (its BMC read as a worker would have), ready to be applied.
+    DiscoveryRun.objects.create(
+        requested_by=operator,
+        state=DiscoveryRun.State.PREVIEWED,
+        entries=[
+            {
+                "cluster": "east",
+                "address": "https://10.0.0.5",
+                "username": "admin",
+                "verify_tls": True,
+                "hostname": "h100-009",
+                "gpu_model": "",
+                "fabric": "nvswitch",
+                "system_id": "",
+            }
+        ],
+        passwords_sealed=[""],
+        digest="0" * 64,
+    )
 
 
 @pytest.fixture(params=["operator", "tenant_admin"])
@@ -237,6 +260,7 @@ PATH_OBJECTS = {
     "reservations": Reservation,
     "bare-metal": BareMetalRental,
     "bare-metal-images": BareMetalImage,
+    "bmc": DiscoveryRun,  # /api/bmc/discoveries/{id}/
     "invitation_id": Invitation,
     "membership_id": Membership,
 }

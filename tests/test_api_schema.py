@@ -21,6 +21,7 @@ ENDPOINTS = {
     "/api/nodes/{id}/drain-blockers/": {"get"},
     "/api/nodes/{id}/dedicate/": {"post"},
     "/api/nodes/{id}/release/": {"post"},
+    "/api/nodes/{id}/provisioning/": {"get", "post"},
     "/api/gpus/": {"get"},
     "/api/gpus/{id}/": {"get"},
     "/api/gpus/{id}/health/": {"post"},
@@ -84,6 +85,10 @@ ENDPOINTS = {
     "/api/bare-metal/{id}/reclaim/": {"post"},
     "/api/bare-metal-images/": {"get", "post"},
     "/api/bare-metal-images/{id}/": {"get", "patch", "delete"},
+    "/api/nodes/{id}/bmc/": {"get", "put", "delete"},
+    "/api/bmc/discoveries/": {"get", "post"},
+    "/api/bmc/discoveries/{id}/": {"get"},
+    "/api/bmc/discoveries/{id}/apply/": {"post"},
 }
 
 # Command -> (request component or None, response component).
@@ -113,7 +118,11 @@ COMMANDS = {
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers
 # the fresh plan and what changed along with its `error`.
-RICHER_ERRORS = {("/api/plans/{id}/approve/", "409"): "StalePlanError"}
+# A refused apply of a discovery answers the fresh preview along with its `error`.
+RICHER_ERRORS = {
+    ("/api/plans/{id}/approve/", "409"): "StalePlanError",
+    ("/api/bmc/discoveries/{id}/apply/", "409"): "StaleDiscoveryError",
+}
 
 
 @pytest.fixture
@@ -155,6 +164,34 @@ def test_a_simulation_is_asked_for_with_its_request_and_answered_202_with_the_ru
     assert answer == ref("SimulationRunDetail")
     state = schema["components"]["schemas"]["SimulationRun"]["properties"]["state"]
     assert state == ref("SimulationStateEnum")
+
+
+def test_a_discovery_is_asked_for_and_applied_with_202_and_the_run(schema):
+    create = schema["paths"]["/api/bmc/discoveries/"]["post"]
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("DiscoveryRequestRequest")
+    for path in ("/api/bmc/discoveries/", "/api/bmc/discoveries/{id}/apply/"):
+        answer = schema["paths"][path]["post"]["responses"]["202"]["content"]
+        assert answer["application/json"]["schema"] == ref("DiscoveryRun")
+    components = schema["components"]["schemas"]
+    state = components["DiscoveryRun"]["properties"]["state"]
+    assert state == {"allOf": [ref("DiscoveryStateEnum")], "readOnly": True}
+    # The password is taken, never answered.
+    assert components["DiscoveryEntryRequest"]["properties"]["password"]["writeOnly"] is True
+    assert "password" not in components["DiscoveryStoredEntry"]["properties"]
+    assert "password" not in components["BmcCredential"]["properties"]
+
+
+def test_a_provisioning_is_asked_for_with_its_image_and_answered_201_with_the_run(schema):
+    operations = schema["paths"]["/api/nodes/{id}/provisioning/"]
+    body = operations["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref("ProvisionRequest")
+    answer = operations["post"]["responses"]["201"]["content"]["application/json"]["schema"]
+    assert answer == ref("Provisioning")
+    read = operations["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert read == ref("NodeProvisioning")
+    states = schema["components"]["schemas"]["ProvisioningStateEnum"]["enum"]
+    assert states == ["inserting", "booting", "waiting", "done", "failed"]
 
 
 def test_create_and_update_take_input_shapes_and_answer_with_the_full_object(schema):

@@ -236,11 +236,14 @@ def reservation_in_force(reservation: Reservation, now: datetime) -> bool:
     return window is None or window.active_at(now)
 
 
-def reservations_in_force(capacity_set: CapacitySet, now: datetime) -> list[Reservation]:
-    """The set's reservations in force at ``now`` (one query), by name: what the snapshot
-    hands the arbiter."""
+def reservations_in_force(
+    capacity_set: CapacitySet, now: datetime, *, order_by: str = "name"
+) -> list[Reservation]:
+    """The set's reservations in force at ``now`` (one query), by name unless told: the
+    snapshot hands the arbiter them oldest first (``order_by="pk"``), the order in which a set
+    too small for all of them honours them."""
     rows = Reservation.objects.filter(capacity_set=capacity_set).select_related("tenant")
-    return [row for row in rows.order_by("name") if reservation_in_force(row, now)]
+    return [row for row in rows.order_by(order_by) if reservation_in_force(row, now)]
 
 
 def reservation_next_change(reservation: Reservation, now: datetime) -> datetime | None:

@@ -6,7 +6,9 @@ from rest_framework.routers import DefaultRouter
 
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
+from gpucap.bmc.api import DiscoveriesView, DiscoveryApplyView, DiscoveryView, NodeBmcView
 from gpucap.bmc.bare_metal_api import BareMetalImageViewSet, BareMetalRentalViewSet
+from gpucap.bmc.provisioning_api import NodeProvisioningView
 from gpucap.fleet.api import (
     CapacitySetViewSet,
     ClusterViewSet,
@@ -85,7 +87,20 @@ urlpatterns = [
     ),
     path("nodes/<int:id>/dedicate/", NodeDedicateView.as_view(), name="api-node-dedicate"),
     path("nodes/<int:id>/release/", NodeReleaseView.as_view(), name="api-node-release"),
+    path(
+        "nodes/<int:id>/provisioning/",
+        NodeProvisioningView.as_view(),
+        name="api-node-provisioning",
+    ),
     path("vms/<int:id>/reclaim/", VmReclaimView.as_view(), name="api-vm-reclaim"),
+    path("nodes/<int:id>/bmc/", NodeBmcView.as_view(), name="api-node-bmc"),
+    path("bmc/discoveries/", DiscoveriesView.as_view(), name="api-bmc-discoveries"),
+    path("bmc/discoveries/<int:id>/", DiscoveryView.as_view(), name="api-bmc-discovery"),
+    path(
+        "bmc/discoveries/<int:id>/apply/",
+        DiscoveryApplyView.as_view(),
+        name="api-bmc-discovery-apply",
+    ),
     path(
         "capacity-sets/<int:id>/plan/",
         CapacitySetPlanView.as_view(),

@@ -1,10 +1,13 @@
 """Bare metal through the BMC (issue 20, docs/bmc.md): a node's baseboard management controller
 over Redfish, for discovery, recovery, provisioning and whole-machine rentals.
 
-``redfish`` is the client (plain Python, sushy underneath), ``inventory`` what it reads and
-``power`` what it switches;
+``redfish`` is the client (plain Python, sushy underneath), ``inventory`` what it reads,
+``power`` what it switches and ``vmedia`` the virtual CD/DVD drive and the one-time boot from it;
 ``passwords`` seals the credentials ``models.BmcCredential`` keeps (changed by ``services``);
 ``discovery`` compares what BMCs say with the fleet and applies it (``discovery_file`` reads a
-YAML list of BMCs for ``manage.py bmc_discover``). Recovery, provisioning and bare-metal rentals
-come next (docs/bmc.md says in what order).
+YAML list of BMCs for ``manage.py bmc_discover``; ``discovery_runs`` stores a preview and
+applies it, through ``tasks`` and ``api``); ``provisioning`` boots a node from an image by
+virtual media (``models.Provisioning``, stepped by ``tasks``, read by ``selectors`` and
+``provisioning_api``). Recovery and bare-metal rentals come next (docs/bmc.md says in what
+order).
 """

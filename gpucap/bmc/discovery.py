@@ -9,6 +9,7 @@ written.
 """
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,15 @@ class DiscoveryError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+class DiscoveryStale(Exception):
+    """The BMCs now say something else than the preview that was approved: nothing applied.
+    ``fresh`` is the preview of what they say now."""
+
+    def __init__(self, fresh: ApplyResult) -> None:
+        super().__init__("the changes differ from the previewed ones")
+        self.fresh = fresh
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,14 @@ def discovery_run(
 ) -> ApplyResult:
     """Read every entry's BMC, compare with the fleet and, unless ``dry_run``, make the fleet
     say what the BMCs say. Raises ``DiscoveryError`` naming every problem; nothing written."""
+    return discovery_compare(discovery_read(entries, read=read), dry_run=dry_run, actor=actor)
+
+
+def discovery_read(
+    entries: list[DiscoveryEntry], *, read: Callable[[BmcTarget], SystemInventory] = inventory_read
+) -> list[tuple[DiscoveryEntry, SystemInventory]]:
+    """What every entry's BMC says (network calls: outside any transaction). Raises
+    ``DiscoveryError`` with one line per BMC that could not be read."""
     readings = []
     problems = []
     for entry in entries:
@@ -100,17 +118,40 @@ def discovery_run(
             problems.append(error.message)
     if problems:
         raise DiscoveryError(problems)
+    return readings
+
+
+def discovery_compare(
+    readings: list[tuple[DiscoveryEntry, SystemInventory]],
+    *,
+    dry_run: bool,
+    actor: Actor = None,
+    digest: str | None = None,
+) -> ApplyResult:
+    """Compare the readings with the fleet and, unless ``dry_run``, apply the changes, all or
+    nothing. With ``digest`` (a stored preview's), the changes are applied only when they are
+    still the previewed ones; otherwise ``DiscoveryStale`` carries the fresh preview and
+    nothing is written."""
     with transaction.atomic():
         diff = _Diff(actor=actor)
         for entry, machine in readings:
             diff.plan(entry, machine)
         if diff.problems:
             raise DiscoveryError(diff.problems)
+        changes = tuple(diff.changes)
+        if digest is not None and changes_digest(changes) != digest:
+            raise DiscoveryStale(
+                ApplyResult(changes=changes, unchanged=diff.unchanged, left_as_is=(), dry_run=True)
+            )
         if not dry_run:
             diff.apply()
-    return ApplyResult(
-        changes=tuple(diff.changes), unchanged=diff.unchanged, left_as_is=(), dry_run=dry_run
-    )
+    return ApplyResult(changes=changes, unchanged=diff.unchanged, left_as_is=(), dry_run=dry_run)
+
+
+def changes_digest(changes: tuple[Change, ...]) -> str:
+    """What a preview promises, in 64 hex digits: the same changes, the same digest."""
+    rows = [[c.verb, c.noun, c.label, c.detail] for c in changes]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
 
 
 def inventory_facts(machine: SystemInventory) -> dict:

@@ -1,16 +1,15 @@
-"""What gpucap keeps to speak to a node's BMC (docs/bmc.md, Models), and the whole machines it
-rents to tenants through them.
+"""What gpucap keeps to speak to a node's BMC (docs/bmc.md, Models).
 
 The BMC's address is the node's ``bmc_address`` (the fleet file and the API carry it); this app
-adds how to log in, sealed, and whether to verify its certificate.
+adds how to log in, sealed, and whether to verify its certificate. The whole machines it rents
+to tenants are ``gpucap.bmc.bare_metal_models``' (imported at the end, so the app has them).
 """
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 
-from gpucap.fleet.models import IMAGE_NAME_PATTERN, Cluster, Node
-from gpucap.tenancy.models import Tenant
+from gpucap.fleet.models import Node
 
 
 class BmcCredential(models.Model):
@@ -72,142 +71,119 @@ class NodeInventory(models.Model):
         return f"inventory of {self.node.hostname}"
 
 
-# --- whole machines rented to tenants (docs/bmc.md, "Whole machines for tenants") ----------------
+class DiscoveryRun(models.Model):
+    """One discovery asked for through the API or a node's page (docs/bmc.md, "Discovery
+    through the API and the node page"): the BMCs read by a worker (``bmc.discover``), the
+    changes previewed, then, when an operator applies it, read again and applied only if the
+    changes are still the previewed ones (``digest``); otherwise refused, with the fresh
+    preview as a run of its own (``fresh_run``).
 
-
-class BareMetalImage(models.Model):
-    """An installer or OS image of a cluster's bare-metal catalogue: what a tenant renting a
-    whole machine of the cluster may re-image it with, by virtual media (``image_url``, an ISO
-    the BMC fetches over HTTP(S))."""
-
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="bare_metal_images")
-    name = models.CharField(
-        max_length=64,
-        help_text="What tenants choose, e.g. ubuntu-24.04-server: lowercase letters, digits, "
-        "'.', '_' and '-', starting and ending with a letter or digit.",
-    )
-    image_url = models.URLField(
-        max_length=500, help_text="The installer or OS image (an ISO) the BMC boots from."
-    )
-    description = models.TextField(blank=True)
-    enabled = models.BooleanField(
-        default=True,
-        help_text="Offered to tenants; a disabled image stays on the rentals it is on.",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["cluster__name", "name"]
-        constraints = [
-            models.UniqueConstraint(fields=["cluster", "name"], name="baremetalimage_name_unique"),
-            models.CheckConstraint(
-                condition=Q(name__regex=IMAGE_NAME_PATTERN), name="baremetalimage_name_format"
-            ),
-            models.CheckConstraint(
-                condition=Q(image_url__regex=r"^https?://[^\s]+$"),
-                name="baremetalimage_image_url_http",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class BareMetalRental(models.Model):
-    """A whole node rented to the tenant it is dedicated to, from ``started_at`` until
-    ``ended_at`` (open while null): the node takes no VM placements meanwhile (it is cordoned),
-    the tenant switches its power and re-images it through gpucap, and usage counts all its GPUs
-    as held. The BMC's address and credentials stay the operators'."""
-
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="bare_metal_rentals")
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="bare_metal_rentals")
-    image = models.ForeignKey(
-        BareMetalImage,
-        null=True,
-        blank=True,
-        on_delete=models.PROTECT,
-        related_name="rentals",
-        help_text="The catalogue image last installed through gpucap; empty: as handed over.",
-    )
-    started_at = models.DateTimeField()
-    started_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
-    ended_at = models.DateTimeField(null=True, blank=True)
-    ended_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
-    power_state = models.CharField(
-        max_length=16,
-        blank=True,
-        help_text="The machine's power as its BMC last said (on, off, poweringon, poweringoff); "
-        "empty: not read yet.",
-    )
-    power_read_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-started_at", "-id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["node"],
-                condition=Q(ended_at__isnull=True),
-                name="baremetalrental_one_open_per_node",
-            ),
-            models.CheckConstraint(
-                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
-                name="baremetalrental_ends_after_start",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"bare-metal rental {self.pk} ({self.node.hostname})"
-
-    @property
-    def active(self) -> bool:
-        return self.ended_at is None
-
-
-class BareMetalPowerAction(models.Model):
-    """A tenant's power on, off or reset of a rented machine, carried out by a Celery task
-    (``bmc.bare_metal_power``) through the BMC: ``queued`` -> ``sending`` (the task is asking
-    the BMC) -> ``sent`` (the BMC accepted it; waiting for the machine's power to follow) ->
-    ``done``, or ``failed`` at any step with what happened in ``message``. One at a time per
-    rental (a database constraint)."""
-
-    class Action(models.TextChoices):
-        ON = "on", "Power on"
-        OFF = "off", "Power off"
-        RESET = "reset", "Reset"
+    ``entries`` never hold a password. The passwords given with the entries wait for the apply
+    sealed (``gpucap.bmc.passwords``), one token per entry in ``passwords_sealed`` ("" for a
+    node's entry, which reads the node's stored credentials each time), and are dropped when
+    the run ends."""
 
     class State(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        SENDING = "sending", "Sending"
-        SENT = "sent", "Sent"
+        READING = "reading", "Reading the BMCs"
+        PREVIEWED = "previewed", "Previewed"
+        APPLYING = "applying", "Applying"
+        APPLIED = "applied", "Applied"
+        REFUSED = "refused", "Refused: the BMCs changed since the preview"
+        FAILED = "failed", "Problems: nothing applied"
+
+    ACTIVE = (State.READING, State.APPLYING)
+    ENDED = (State.APPLIED, State.REFUSED, State.FAILED)
+
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="discovery_runs",
+        help_text="A node's Rediscover: the node, read with its stored credentials.",
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READING)
+    entries = models.JSONField(default=list, help_text="The entries as given, no password.")
+    passwords_sealed = models.JSONField(default=list, blank=True, editable=False)
+    changes = models.JSONField(
+        default=list, blank=True, help_text="[{verb, noun, label, detail}], as fleet_apply's."
+    )
+    unchanged = models.PositiveIntegerField(default=0)
+    problems = models.JSONField(default=list, blank=True)
+    digest = models.CharField(
+        max_length=64, blank=True, help_text="SHA-256 of the previewed changes."
+    )
+    fresh_run = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="stale_run",
+        help_text="Refused: the preview of what the BMCs said at the apply.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    apply_requested_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["node", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    state__in=["reading", "previewed", "applying", "applied", "refused", "failed"]
+                ),
+                name="discoveryrun_state_valid",
+            ),
+            # What can be applied, or was, has the digest of what was previewed.
+            models.CheckConstraint(
+                condition=~Q(state__in=["previewed", "applying", "applied"]) | ~Q(digest=""),
+                name="discoveryrun_previewed_has_digest",
+            ),
+            models.CheckConstraint(
+                condition=Q(fresh_run__isnull=True) | Q(state="refused"),
+                name="discoveryrun_fresh_run_only_when_refused",
+            ),
+            # A run that ended keeps no password, not even sealed.
+            models.CheckConstraint(
+                condition=~Q(state__in=["applied", "refused", "failed"]) | Q(passwords_sealed=[]),
+                name="discoveryrun_ended_keeps_no_password",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"discovery {self.pk} ({self.state})"
+
+    def __repr__(self) -> str:
+        return f"<DiscoveryRun {self.pk} state={self.state} entries={len(self.entries)}>"
+
+
+class Provisioning(models.Model):
+    """One boot of a node from an installer or OS image by virtual media (docs/bmc.md,
+    "Provisioning by virtual media"): the image inserted in the BMC's CD/DVD drive, a one-time
+    boot from it, a reset, then a wait for the node's hypervisor to answer, until ``deadline``.
+    A node has at most one in progress; the finished ones are its history. Changed by
+    ``gpucap.bmc.provisioning`` alone, each step a conditional update on ``state``."""
+
+    class State(models.TextChoices):
+        INSERTING = "inserting", "Inserting the image"
+        BOOTING = "booting", "Booting from it"
+        WAITING = "waiting", "Waiting for the hypervisor"
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
 
-    UNDER_WAY = (State.QUEUED, State.SENDING, State.SENT)
+    ACTIVE = (State.INSERTING, State.BOOTING, State.WAITING)
 
-    rental = models.ForeignKey(
-        BareMetalRental, on_delete=models.CASCADE, related_name="power_actions"
-    )
-    action = models.CharField(max_length=8, choices=Action.choices)
-    state = models.CharField(max_length=8, choices=State.choices, default=State.QUEUED)
-    message = models.TextField(
-        blank=True, help_text="What happened, in the tenant's words: never the BMC's address."
-    )
-    bmc_error = models.TextField(
-        blank=True, help_text="The BMC's own error, for operators (it names the BMC's address)."
-    )
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="provisionings")
+    image_url = models.URLField(max_length=2000)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.INSERTING)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -215,35 +191,55 @@ class BareMetalPowerAction(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
-    requested_at = models.DateTimeField()
-    sent_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    deadline = models.DateTimeField()
+    inserted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the BMC accepted the image."
+    )
+    # Claimed before the reset is asked for, so that a retried step never resets twice.
+    reset_at = models.DateTimeField(null=True, blank=True)
+    reset_type = models.CharField(max_length=16, blank=True, help_text="ForceRestart or On.")
+    answered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the node's hypervisor answered."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
+    message = models.TextField(blank=True)
 
     class Meta:
-        ordering = ["-requested_at", "-id"]
+        ordering = ["-started_at", "-id"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=["inserting", "booting", "waiting", "done", "failed"]),
+                name="provisioning_state_valid",
+            ),
             models.UniqueConstraint(
-                fields=["rental"],
-                condition=Q(state__in=["queued", "sending", "sent"]),
-                name="baremetalpoweraction_one_under_way",
+                fields=["node"],
+                condition=Q(state__in=["inserting", "booting", "waiting"]),
+                name="provisioning_one_in_progress_per_node",
             ),
             models.CheckConstraint(
-                condition=Q(action__in=["on", "off", "reset"]),
-                name="baremetalpoweraction_action_valid",
+                condition=Q(state__in=["done", "failed"], finished_at__isnull=False)
+                | Q(state__in=["inserting", "booting", "waiting"], finished_at__isnull=True),
+                name="provisioning_finished_when_over",
             ),
             models.CheckConstraint(
-                condition=Q(state__in=["queued", "sending", "sent", "done", "failed"]),
-                name="baremetalpoweraction_state_valid",
-            ),
-            models.CheckConstraint(
-                condition=Q(finished_at__isnull=True) | Q(state__in=["done", "failed"]),
-                name="baremetalpoweraction_finished_when_over",
+                condition=Q(deadline__gt=models.F("started_at")),
+                name="provisioning_deadline_after_start",
             ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.get_action_display()} of {self.rental}"
+        return f"provisioning of {self.node.hostname} from {self.image_url}"
 
     @property
-    def under_way(self) -> bool:
-        return self.state in self.UNDER_WAY
+    def in_progress(self) -> bool:
+        return self.state in self.ACTIVE
+
+
+# The models of whole machines rented to tenants live in a module of their own; imported here,
+# they are the app's models like the rest.
+from gpucap.bmc.bare_metal_models import (  # noqa: E402, F401
+    BareMetalImage,
+    BareMetalPowerAction,
+    BareMetalRental,
+)

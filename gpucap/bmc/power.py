@@ -36,4 +36,4 @@ def system_reset(target: BmcTarget, reset: str) -> None:
                 f"(it offers: {names})",
                 kind=REFUSED,
             )
-        bmc_call(target, lambda: system.reset_system(wanted))
+        bmc_call(target, lambda: system.reset_system(wanted), action="ComputerSystem.Reset")

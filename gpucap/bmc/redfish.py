@@ -144,9 +144,10 @@ def _root(target: BmcTarget, connector: Connector) -> sushy.Sushy:
     return root
 
 
-def bmc_call(target: BmcTarget, read, *, reading_root: bool = False):
+def bmc_call(target: BmcTarget, read, *, reading_root: bool = False, action: str = ""):
     """Run ``read`` and turn whatever sushy or requests raise into a ``BmcError`` that says
-    what happened in an operator's words."""
+    what happened in an operator's words. ``action`` names the Redfish action ``read`` asks
+    for (``ComputerSystem.Reset``), so that a refusal says which, with the BMC's own words."""
     where = f"{target.name}: the BMC at {target.url}"
     try:
         return read()
@@ -168,10 +169,19 @@ def bmc_call(target: BmcTarget, read, *, reading_root: bool = False):
             ) from None
         raise BmcError(f"{where} has no {error.url} (HTTP 404)", kind=INVENTORY) from None
     except sushy_errors.HTTPError as error:
+        if action:
+            raise BmcError(
+                f"{where} refused {action} (HTTP {error.status_code}: {_said(error)})",
+                kind=REFUSED,
+            ) from None
         raise BmcError(
             f"{where} answered {error.method} {error.url} with HTTP {error.status_code}: "
             f"{_said(error)}",
             kind=REFUSED,
+        ) from None
+    except sushy_errors.MissingActionError as error:
+        raise BmcError(
+            f"{where} does not offer {action or 'that action'} ({error})", kind=REFUSED
         ) from None
     except sushy_errors.InvalidParameterValueError as error:
         raise BmcError(f"{where} does not offer that: {error}", kind=REFUSED) from None

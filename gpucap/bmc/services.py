@@ -102,7 +102,7 @@ def bmc_target(node: Node) -> BmcTarget:
     ``ValidationError`` naming the node when it has no address or no credentials."""
     credential = BmcCredential.objects.filter(node=node).first()
     if not node.bmc_address or credential is None:
-        missing = "a BMC address" if not node.bmc_address else "BMC credentials"
+        missing = "BMC address" if not node.bmc_address else "BMC credentials"
         raise ValidationError({"bmc": f"node {node.hostname} has no {missing}"})
     try:
         password = password_open(credential.password_sealed, node=node.hostname)

@@ -6,6 +6,8 @@ the dedication up."""
 from django import forms
 
 from gpucap.audit.selectors import events_for
+from gpucap.bmc.selectors import bmc_panel
+from gpucap.console.provisioning_panel import provisioning_context
 from gpucap.fleet import selectors
 from gpucap.fleet.models import Node
 from gpucap.notices.dedications import dedication_holders
@@ -45,4 +47,6 @@ def node_context(tile: selectors.NodeTile, *, dedicate_form: DedicateForm | None
         # A shared node: the form; a dedicated one: other tenants' VMs still on it.
         "dedicate_form": dedicate_form or DedicateForm(),
         "dedication_holders": dedication_holders(node) if node.dedicated_tenant_id else None,
+        "bmc": bmc_panel(node),  # console/node_bmc.html
+        **provisioning_context(node),
     }

@@ -1,6 +1,14 @@
 from django.urls import path
 
-from gpucap.console import bare_metal, dedication, reservations, schedule, views
+from gpucap.console import (
+    bare_metal,
+    bmc_panel,
+    dedication,
+    provisioning,
+    reservations,
+    schedule,
+    views,
+)
 
 # The namespace stays "fleet": these are the fleet's pages, at /fleet/, whoever builds them.
 app_name = "fleet"
@@ -99,5 +107,21 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/bare-metal/end/",
         bare_metal.node_rental_end,
         name="node-bare-metal-end",
+    ),
+    path("nodes/<slug:cluster>/<str:hostname>/bmc/", bmc_panel.node_bmc, name="node-bmc"),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/rediscover/",
+        bmc_panel.node_rediscover,
+        name="node-bmc-rediscover",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/discoveries/<int:run_id>/apply/",
+        bmc_panel.node_discovery_apply,
+        name="node-bmc-apply",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/provisioning/",
+        provisioning.node_provisioning,
+        name="node-provisioning",
     ),
 ]

@@ -23,7 +23,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from gpucap.allocation.models import Reservation
-from gpucap.allocation.selectors import reservation_in_force
+from gpucap.allocation.selectors import reservations_in_force
 from gpucap.arbiter import model as am
 from gpucap.fleet.models import CapacitySet
 from gpucap.rentals.models import VirtualMachine
@@ -46,9 +46,8 @@ REPORT_FIELDS = (
 
 
 def in_force_rows(capacity_set: CapacitySet, snapshot: am.Snapshot) -> list[Reservation]:
-    """The set's reservations in force at the snapshot's ``now`` (one query)."""
-    rows = Reservation.objects.filter(capacity_set=capacity_set).select_related("tenant")
-    return [row for row in rows.order_by("pk") if reservation_in_force(row, snapshot.now)]
+    """The set's reservations in force at the snapshot's ``now`` (one query), oldest first."""
+    return reservations_in_force(capacity_set, snapshot.now, order_by="pk")
 
 
 def with_reservations(

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, time
 
+from gpucap.allocation.models import Reservation
+from gpucap.allocation.selectors import reservation_window
+from gpucap.arbiter import model as am
 from gpucap.arbiter.codec import snapshot_from_dict, snapshot_to_dict
 from gpucap.arbiter.model import Snapshot
 from gpucap.fleet.models import CapacitySet
@@ -23,19 +26,21 @@ from gpucap.inference.models import InferenceDeployment
 from gpucap.plans.snapshot import capacity_set_snapshot
 from gpucap.schedules import calendar
 from gpucap.schedules.selectors import set_schedule
-from gpucap.simulation import DeploymentSpec, Profile, SimulationResult, simulate
+from gpucap.simulation import DeploymentSpec, Profile, ReservationSpec, SimulationResult, simulate
 
 
 @dataclass(frozen=True)
 class SimulationStart:
     """What a simulation starts from: the set's snapshot (pools with their own ranks and
-    floors), its deployments by slug, its schedule and its notice period."""
+    floors), its deployments by slug, its schedule, its reservations with their windows (in
+    force or not) and its notice period."""
 
     snapshot: Snapshot
     deployments: dict[str, DeploymentSpec]
     entries: tuple[calendar.Entry, ...]
     overrides: tuple[calendar.Override, ...]
     notice_seconds: int
+    reservations: tuple[ReservationSpec, ...] = ()
 
 
 def simulation_start(capacity_set: CapacitySet) -> SimulationStart:
@@ -59,6 +64,22 @@ def simulation_start(capacity_set: CapacitySet) -> SimulationStart:
         entries=schedule.entries,
         overrides=schedule.overrides,
         notice_seconds=capacity_set.notice_seconds,
+        reservations=reservation_specs(capacity_set),
+    )
+
+
+def reservation_specs(capacity_set: CapacitySet) -> tuple[ReservationSpec, ...]:
+    """Every reservation of the set, oldest first, under the id and with the window the live
+    snapshot gives it (gpucap.plans.reservation_feed)."""
+    rows = Reservation.objects.filter(capacity_set=capacity_set).select_related("tenant")
+    return tuple(
+        ReservationSpec(
+            am.Reservation(
+                id=str(row.pk), tenant=row.tenant.slug, gpus=row.gpus, block_gpus=row.block_gpus
+            ),
+            reservation_window(row),
+        )
+        for row in rows.order_by("pk")
     )
 
 
@@ -78,6 +99,7 @@ def simulate_start(
         deployments=start.deployments,
         entries=start.entries,
         overrides=start.overrides,
+        reservations=start.reservations,
         notice_seconds=start.notice_seconds,
         step_seconds=step_seconds,
         duration_seconds=duration_seconds,
@@ -136,6 +158,7 @@ def start_to_dict(start: SimulationStart) -> dict:
         "entries": [entry_to_dict(entry) for entry in start.entries],
         "overrides": [override_to_dict(override) for override in start.overrides],
         "notice_seconds": start.notice_seconds,
+        "reservations": [_reservation_to_dict(spec) for spec in start.reservations],
     }
 
 
@@ -147,32 +170,64 @@ def start_from_dict(data: dict) -> SimulationStart:
         entries=tuple(entry_from_dict(entry) for entry in data["entries"]),
         overrides=tuple(override_from_dict(override) for override in data["overrides"]),
         notice_seconds=data["notice_seconds"],
+        # Runs stored before reservations were simulated have none.
+        reservations=tuple(_reservation_from_dict(r) for r in data.get("reservations", ())),
+    )
+
+
+def _reservation_to_dict(spec: ReservationSpec) -> dict:
+    r = spec.reservation
+    window = spec.window
+    return {
+        "id": r.id,
+        "tenant": r.tenant,
+        "gpus": r.gpus,
+        "block_gpus": r.block_gpus,
+        "window": None if window is None else _window_to_dict(window),
+    }
+
+
+def _reservation_from_dict(data: dict) -> ReservationSpec:
+    window = data["window"]
+    return ReservationSpec(
+        am.Reservation(
+            id=data["id"], tenant=data["tenant"], gpus=data["gpus"], block_gpus=data["block_gpus"]
+        ),
+        None if window is None else _window_from_dict(window),
     )
 
 
 def entry_to_dict(entry: calendar.Entry) -> dict:
-    window = entry.window
     return {
         "name": entry.name,
-        "days": sorted(window.days),
-        "start": window.start.isoformat(),
-        "end": window.end.isoformat(),
-        "time_zone": window.zone,
+        **_window_to_dict(entry.window),
         "changes": [_change_to_dict(change) for change in entry.changes],
     }
 
 
 def entry_from_dict(data: dict) -> calendar.Entry:
-    window = calendar.Window(
+    return calendar.Entry(
+        name=data["name"],
+        window=_window_from_dict(data),
+        changes=tuple(_change_from_dict(change) for change in data["changes"]),
+    )
+
+
+def _window_to_dict(window: calendar.Window) -> dict:
+    return {
+        "days": sorted(window.days),
+        "start": window.start.isoformat(),
+        "end": window.end.isoformat(),
+        "time_zone": window.zone,
+    }
+
+
+def _window_from_dict(data: dict) -> calendar.Window:
+    return calendar.Window(
         days=frozenset(data["days"]),
         start=time.fromisoformat(data["start"]),
         end=time.fromisoformat(data["end"]),
         zone=data["time_zone"],
-    )
-    return calendar.Entry(
-        name=data["name"],
-        window=window,
-        changes=tuple(_change_from_dict(change) for change in data["changes"]),
     )
 
 

@@ -18,6 +18,7 @@ from gpucap.simulation.profile import (
     profile_from_dict,
     profile_from_json,
 )
+from gpucap.simulation.reservations import ReservationSpec
 from gpucap.simulation.result import Difference, Figure, SimulationResult, compare
 from gpucap.simulation.spec import DeploymentSpec, input_problems
 
@@ -29,6 +30,7 @@ __all__ = [
     "Figure",
     "Profile",
     "ProfileError",
+    "ReservationSpec",
     "SimulationError",
     "SimulationResult",
     "VmArrivals",

@@ -12,7 +12,9 @@ Each step at time ``T`` (``start.now + k * step_seconds``), in this order:
    once all their GPUs are free.
 2. The policy in force at ``T`` (`gpucap.schedules.calendar.effective`: the pools' ranks and
    floors, the deployments' replica ranges), from the start's own values, the schedule
-   entries and the overrides.
+   entries and the overrides; and the reservations in force at ``T`` (their weekly windows,
+   `gpucap.simulation.reservations`). A reservation going out of force clears its borrowers'
+   flags, as the live boundary does. The start's quotas hold throughout.
 3. The autoscaler's rule per deployment (gpucap.inference.autoscaler) on the router's count at
    the end of the previous step: missing replicas become demands, one group per deployment
    and step; fewer are released once they would have done for the cool-down (at once above
@@ -49,6 +51,7 @@ from gpucap.schedules import calendar
 from gpucap.simulation.fleet import Fleet, SimDemand
 from gpucap.simulation.profile import Profile
 from gpucap.simulation.queue import queue_step, replicas_wanted
+from gpucap.simulation.reservations import InForce, ReservationSpec
 from gpucap.simulation.result import (
     DeploymentStep,
     Event,
@@ -76,6 +79,7 @@ def simulate(
     deployments: Mapping[str, DeploymentSpec],
     entries: Iterable[calendar.Entry] = (),
     overrides: Iterable[calendar.Override] = (),
+    reservations: Iterable[ReservationSpec] | None = None,
     notice_seconds: int,
     step_seconds: int = 60,
     duration_seconds: int = 86400,
@@ -88,11 +92,18 @@ def simulate(
 ) -> SimulationResult:
     """Replay ``profile`` on the set of ``start`` (its ``now`` is the start) for
     ``duration_seconds`` in steps of ``step_seconds``. ``deployments`` (by slug) are the set's
-    inference deployments; ``entries`` and ``overrides`` its schedule. ``keep_plans`` keeps
+    inference deployments; ``entries`` and ``overrides`` its schedule; ``reservations`` all
+    its reservations with their windows (None: those of ``start``, in force throughout).
+    ``keep_plans`` keeps
     every plan with its snapshot in the result (tests; a day on a large set holds many).
     ``plan_every_step`` asks the arbiter at every step, as if anything could have changed (tests
     check that planning only on a change misses nothing). ``on_step(done, total)`` is called
     after each step (progress for a caller that stores it; it must not change the input)."""
+    specs = (
+        tuple(ReservationSpec(r) for r in start.reservations)
+        if reservations is None
+        else tuple(reservations)
+    )
     problems = input_problems(
         start,
         profile,
@@ -102,6 +113,7 @@ def simulate(
         duration_seconds=duration_seconds,
         wait_threshold_seconds=wait_threshold_seconds,
         startup_seconds=startup_seconds,
+        reservations=tuple(spec.reservation for spec in specs),
     )
     if problems:
         raise SimulationError(problems)
@@ -111,6 +123,7 @@ def simulate(
         deployments=dict(deployments),
         entries=tuple(entries),
         overrides=tuple(overrides),
+        reservations=specs,
         notice=timedelta(seconds=notice_seconds),
         step_seconds=step_seconds,
         steps=-(-duration_seconds // step_seconds),
@@ -146,6 +159,7 @@ class _Run:
         deployments: dict[str, DeploymentSpec],
         entries: tuple[calendar.Entry, ...],
         overrides: tuple[calendar.Override, ...],
+        reservations: tuple[ReservationSpec, ...],
         notice: timedelta,
         step_seconds: int,
         steps: int,
@@ -177,6 +191,7 @@ class _Run:
             entries, overrides, self.t0, self.t0 + self.step * steps
         )
         self.policy = calendar.effective(self.base, entries, overrides, self.t0)
+        self.reservations = InForce(reservations, self.t0, self.t0 + self.step * steps)
         self.fleet = Fleet(start, deployments=deployments, notice=notice, startup=startup)
         self.records: list[Step] = []
         self.plans: list[PlanMade] = []
@@ -214,12 +229,16 @@ class _Run:
         self.fleet.resumes = 0
         changed |= self.fleet.leave(now)
         changed |= self._policy_at(now)
+        # A reservation coming into or going out of force plans the set at once, as the live
+        # boundary does, demands or not: the plan reports who borrows it from then on.
+        reserved = self._reservations_at(now)
+        changed |= reserved
         changed |= self._autoscale(now, index)
         changed |= self._arrivals(now, index)
         if self.wake is not None and self.wake <= now:
             changed = True
         notices = 0
-        planned = changed and bool(self.fleet.pending)
+        planned = (changed and bool(self.fleet.pending)) or reserved
         if planned:
             notices = self._plan(index, now)
         elif changed:
@@ -242,6 +261,20 @@ class _Run:
         for line in lines:
             self.fleet.events.append(Event(now, "policy", reason=line))
         return bool(lines)
+
+    def _reservations_at(self, now: datetime) -> bool:
+        started, ended = self.reservations.step(now)
+        for rid in started:
+            words = self.reservations.words(rid)
+            self.fleet.events.append(Event(now, "reservation", reason=f"{words} in force"))
+        for rid in ended:
+            words = self.reservations.words(rid)
+            self.fleet.events.append(Event(now, "reservation", reason=f"{words} ended"))
+        if ended:
+            self.fleet.borrowing_set(
+                {key: rid for key, rid in self.fleet.borrowing.items() if rid not in ended}
+            )
+        return bool(started or ended)
 
     def _autoscale(self, now: datetime, index: int) -> bool:
         changed = False
@@ -292,6 +325,7 @@ class _Run:
                 pool=spec.pool,
                 gpus=spec.gpus_per_replica,
                 requested_at=now,
+                tenant=spec.tenant,
             )
             self.fleet.pending[demand.id] = SimDemand(
                 demand, kind="replica", deployment=slug, tenant=spec.tenant
@@ -314,6 +348,7 @@ class _Run:
                     pool=name,
                     gpus=arrivals.gpus_per_vm,
                     requested_at=now,
+                    tenant=arrivals.tenant,
                 )
                 self.fleet.pending[demand.id] = SimDemand(
                     demand,
@@ -336,17 +371,19 @@ class _Run:
 
     def _plan(self, index: int, now: datetime) -> int:
         """Plan the step's snapshot and act on it; returns the notices issued."""
-        snapshot = self.fleet.snapshot(now, self.policy, self.specs)
+        snapshot = self.fleet.snapshot(now, self.policy, self.specs, self.reservations.now)
         made = _plan_quietly(snapshot, self.memo)
         self.plans_made += 1
         record = PlanMade(step=index, snapshot=snapshot, plan=made)
         self.last_made = record
         if self.keep_plans:
             self.plans.append(record)
-        self.fleet.apply(made, now)
+        flagged = self.fleet.apply(made, now)
         waits = []
         if made.unsatisfied:
             waits += _protection_ends(snapshot, made)
+            if flagged:  # borrowers flagged: the next plan claims them, as the live set's does
+                waits.append(now)
         if made.preemptions and not self.fleet.notice:
             waits.append(now)  # victims left at once: their resumes are planned next step
         self.wake = min(waits) if waits else None

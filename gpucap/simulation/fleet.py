@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gpucap.arbiter.model import Demand, Deployment, Plan, Pool, Snapshot, Vm
+from gpucap.arbiter.model import Demand, Deployment, Plan, Pool, Reservation, Snapshot, Vm
 from gpucap.arbiter.topology import gpu_mask, partition_table
 from gpucap.schedules.calendar import Policy
 from gpucap.simulation.result import Event
@@ -103,12 +103,17 @@ class Fleet:
         self.ends: list[tuple[datetime, str]] = []
         self.events: list[Event] = []
         self.resumes = 0  # reclaimed VMs running again, counted until the caller resets it
+        # VM or demand id -> the reservation it borrows, as the last plan reported it (the live
+        # set writes the same flags after each plan: gpucap.plans.reservation_feed).
+        self.borrowing: dict[str, str] = {
+            vm.id: vm.borrowed for vm in start.vms if vm.borrowed is not None
+        }
         for vm in start.vms:
             self._add(SimVm(vm, ready_at=vm.started_at, ends_at=None))
             if vm.state == "notified":
                 self._leave_at(self.vms[vm.id], start.now + notice)  # type: ignore[operator]
         for demand in start.demands:
-            self.pending[demand.id] = SimDemand(demand, kind="start")
+            self.pending[demand.id] = SimDemand(demand, kind="start", tenant=demand.tenant)
 
     def asking(self) -> list[SimDemand]:
         """Every VM asked for and not running: pending, or placed and waiting for GPUs."""
@@ -128,6 +133,7 @@ class Fleet:
 
     def _remove(self, vm: SimVm) -> None:
         del self.vms[vm.id]
+        self.borrowing.pop(vm.id, None)
         if vm.deployment in self.replicas:
             del self.replicas[vm.deployment][vm.id]
         holders = self.holder[vm.node]
@@ -186,6 +192,7 @@ class Fleet:
             gpus=len(vm.gpus),
             requested_at=since,
             disk_node=vm.node,
+            tenant=vm.tenant,
         )
         self.pending[vm.id] = SimDemand(
             demand, kind="resume", duration=left, tenant=vm.tenant, job=vm.group
@@ -205,6 +212,7 @@ class Fleet:
             deployment=demand.deployment,
             tenant=demand.tenant,
             group=demand.job,
+            borrowed=self.borrowing.get(frozen.id),
         )
         ends_at = now + demand.duration if demand.duration is not None else None
         self._add(SimVm(vm, ready_at=now + self.startup, ends_at=ends_at))
@@ -237,9 +245,14 @@ class Fleet:
             self._remove(vm)
 
     def snapshot(
-        self, now: datetime, policy: Policy, deployments: Mapping[str, DeploymentSpec]
+        self,
+        now: datetime,
+        policy: Policy,
+        deployments: Mapping[str, DeploymentSpec],
+        reservations: tuple[Reservation, ...] = (),
     ) -> Snapshot:
-        """The arbiter's view at ``now`` with ``policy`` in force."""
+        """The arbiter's view at ``now`` with ``policy`` and ``reservations`` in force, under
+        the start's quotas."""
         vms = [vm.frozen for vm in self.vms.values()]
         failed: dict[str, list[int]] = {}
         for demand_id, (_, node, gpus) in self.waiting.items():
@@ -288,9 +301,31 @@ class Fleet:
             demands=tuple(demand.frozen for demand in self.pending.values()),
             deployments=tuple(deployments_),
             now=now,
+            quotas=self.start.quotas,
+            reservations=reservations,
         )
 
-    def apply(self, made: Plan, now: datetime) -> None:
+    def borrowing_set(self, borrowing: dict[str, str]) -> bool:
+        """The borrowers' flags become ``borrowing``: the running VMs whose flag changes get
+        it, a demand listed gets it once it starts. True when a flag changed."""
+        if borrowing == self.borrowing:
+            return False
+        for key in self.borrowing.keys() | borrowing.keys():
+            vm = self.vms.get(key)
+            wanted = borrowing.get(key)
+            if vm is not None and vm.frozen.borrowed != wanted:
+                vm.frozen = replace(vm.frozen, borrowed=wanted)
+        self.borrowing = borrowing
+        return True
+
+    def apply(self, made: Plan, now: datetime) -> bool:
+        """Act on ``made``: notices, placements, and the borrowers' flags its reports give.
+        True when a flag changed (the next plan sees a different set)."""
+        flagged = False
+        if made.reservations or self.borrowing:
+            flagged = self.borrowing_set(
+                {key: report.id for report in made.reservations for key in report.borrowed}
+            )
         deadline = now + self.notice
         for preemption in made.preemptions:
             vm = self.vms[preemption.vm]
@@ -311,6 +346,7 @@ class Fleet:
                 if holders[index] is None:
                     holders[index] = mine
             self.waiting[placement.demand] = (demand, placement.node, placement.gpus)
+        return flagged
 
 
 def _cover(gpus: list[int], table: Iterable[tuple[int, ...]]) -> list[tuple[int, ...]] | None:

@@ -56,7 +56,8 @@ class Step:
 @dataclass(frozen=True)
 class Event:
     """Something that happened to a VM or the policy: ``notice`` (with the arbiter's reason),
-    ``off`` (a notice's deadline passed: the GPUs are free), ``resume``, ``end``, ``policy``."""
+    ``off`` (a notice's deadline passed: the GPUs are free), ``resume``, ``end``, ``policy``,
+    ``reservation`` (one came into or went out of force)."""
 
     at: datetime
     kind: str

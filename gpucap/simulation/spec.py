@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gpucap.arbiter.model import Snapshot
+from gpucap.arbiter.model import Reservation, Snapshot
 from gpucap.arbiter.topology import gpu_count_problem
 from gpucap.arbiter.validation import snapshot_problems
 from gpucap.simulation.profile import Profile
@@ -36,8 +36,12 @@ def input_problems(
     duration_seconds: int,
     wait_threshold_seconds: float = 0,
     startup_seconds: int = 0,
+    reservations: tuple[Reservation, ...] | None = None,
 ) -> list[str]:
-    """Why this input cannot be simulated, one line each (empty: it can)."""
+    """Why this input cannot be simulated, one line each (empty: it can). ``reservations``:
+    every reservation of the set, in force or not (None: the start's)."""
+    if reservations is not None:
+        start = replace(start, reservations=reservations)
     problems = [f"start: {problem}" for problem in snapshot_problems(start)]
     if start.now is None:
         problems.append("start: now is required: it is when the simulation starts")

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import connection, transaction
-from django.db.models import Subquery
+from django.db.models import QuerySet, Subquery
 from django.utils import timezone
 
 from gpucap import locks
@@ -97,7 +97,7 @@ ATTRIBUTION_READS = (
 )
 
 
-def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> int:
+def usage_reattribute(*, vm_ids: Iterable[int] | QuerySet | None = None, now: datetime) -> int:
     """End, at ``now``, the open interval of every VM (of ``vm_ids``; None: every VM holding
     GPUs) whose attribution changed since it opened, and open the next with the new one, so
     GPU time is never counted twice nor lost. Returns how many VMs changed.
@@ -119,7 +119,9 @@ def usage_reattribute(*, vm_ids: Iterable[int] | None = None, now: datetime) -> 
         .only(*ATTRIBUTION_READS)
     )
     if vm_ids is not None:
-        open_intervals = open_intervals.filter(vm_id__in=list(vm_ids))
+        # A queryset of ids stays a subquery: the set's VMs are never read into Python.
+        ids = vm_ids if isinstance(vm_ids, QuerySet) else list(vm_ids)
+        open_intervals = open_intervals.filter(vm_id__in=ids)
     changed = [
         interval.vm_id
         for interval in open_intervals

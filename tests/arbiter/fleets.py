@@ -303,7 +303,8 @@ def _with_jobs(draw, vms: list[Vm], max_jobs: int) -> list[Vm]:
         same_pool = draw(st.booleans())
         for position in members:
             free.remove(position)
-            extra = {"group": f"acme/job-{job + 1}"}
+            # A job is one tenant's, as a live VM group is (a resumed job's demands share it).
+            extra = {"group": f"acme/job-{job + 1}", "tenant": vms[members[0]].tenant}
             if same_pool:
                 extra["pool"] = vms[members[0]].pool
                 extra["deployment"] = vms[members[0]].deployment

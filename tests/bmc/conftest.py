@@ -49,3 +49,16 @@ def not_found_server():
 def dynamic_bmc():
     with DynamicBmc() as bmc:
         yield bmc
+
+
+@pytest.fixture
+def sent_tasks(monkeypatch) -> list[tuple[str, list]]:
+    """Every task a service sends, as ``(name, args)``, instead of going to the broker; with
+    ``django_capture_on_commit_callbacks(execute=True)`` it shows what is sent on commit."""
+    from gpucap.celery import app
+
+    sent: list[tuple[str, list]] = []
+    monkeypatch.setattr(
+        app, "send_task", lambda name, args=None, **options: sent.append((name, list(args or [])))
+    )
+    return sent

@@ -4,8 +4,10 @@
   tree of ``index.json`` files as DMTF's mockups are laid out. It answers every GET from the
   files and has no authentication (any user name and password are let in).
 - ``DynamicBmc``: sushy-tools' dynamic emulator (``sushy-emulator``) with its fake systems
-  driver and its htpasswd Basic auth on: a real BMC's 401 for a wrong password. (Next: the same
-  emulator with its libvirt driver over the real-guest rig, docs/bmc.md "Tests".)
+  driver and its htpasswd Basic auth on: a real BMC's 401 for a wrong password.
+- ``LibvirtBmc``: the same emulator with its libvirt driver over the real-guest rig's libvirtd
+  (tests/realguest/rig.py): the rig's QEMU guests are the servers; resets and virtual media
+  change the domains for real.
 - ``PlainHttp``: a web server that is not a BMC: an HTML page for every path, or 404s.
 - ``RefusingBmc``: the service root for anyone, then 401 with a Basic challenge for every other
   request, as a BMC answers a wrong user name or password.
@@ -100,10 +102,11 @@ class StaticBmc:
         self._process = None
 
 
-class DynamicBmc:
-    """``sushy-emulator`` on 127.0.0.1 with one fake system and Basic auth: ``username`` and
-    ``password`` are let in, anyone else gets 401 (the service root excepted, as Redfish
-    allows)."""
+class _Emulator:
+    """``sushy-emulator`` on 127.0.0.1 behind htpasswd Basic auth: ``username`` and ``password``
+    are let in, anyone else gets 401 (the service root excepted, as Redfish allows). Its
+    configuration, htpasswd file and state live in a directory of its own; ``backend`` is the
+    command-line choice of its systems driver."""
 
     username = "admin"
     password = "emulator-password"
@@ -112,33 +115,44 @@ class DynamicBmc:
         self.url = ""
         self._process: subprocess.Popen | None = None
         self._directory = tempfile.TemporaryDirectory(prefix="gpucap-bmc-")
+        self.directory = Path(self._directory.name)
 
-    def __enter__(self) -> "DynamicBmc":
-        directory = Path(self._directory.name)
+    def configuration(self) -> str:
+        """Lines of the emulator's configuration beyond its auth file and state directory."""
+        return ""
+
+    def backend(self) -> list[str]:
+        raise NotImplementedError
+
+    def __enter__(self):
+        directory = self.directory
         hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
         (directory / "htpasswd").write_text(f"{self.username}:{hashed}\n")
         (directory / "state").mkdir()
         config = directory / "emulator.conf"
         config.write_text(
             f"SUSHY_EMULATOR_AUTH_FILE = {str(directory / 'htpasswd')!r}\n"
-            f"SUSHY_EMULATOR_STATE_DIR = {str(directory / 'state')!r}\n"
-            "SUSHY_EMULATOR_FAKE_SYSTEMS = [{'uuid': '27946b59-9e44-4fa7-8e91-f3527a1ef094', "
-            "'name': 'h100-001', 'power_state': 'On', 'external_notifier': False, "
-            "'nics': [{'mac': '00:5c:52:31:3a:9c', 'ip': '127.0.0.2'}]}]\n"
+            f"SUSHY_EMULATOR_STATE_DIR = {str(directory / 'state')!r}\n" + self.configuration()
         )
         for _ in range(5):
             port = free_port()
             argv = [sys.executable, "-m", "sushy_tools.emulator.main", "--config", str(config)]
-            self._process = subprocess.Popen(
-                [*argv, "--interface", "127.0.0.1", "--port", str(port), "--fake"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            with open(directory / "emulator.log", "ab") as log:
+                self._process = subprocess.Popen(
+                    [*argv, "--interface", "127.0.0.1", "--port", str(port), *self.backend()],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             self.url = f"http://127.0.0.1:{port}"
             if _answers(f"{self.url}/redfish/v1/", self._process, timeout=30):
                 return self
             self._stop()
-        raise RuntimeError("sushy-emulator did not start")
+        raise RuntimeError(f"sushy-emulator did not start: {self.log()[-2000:]}")
+
+    def log(self) -> str:
+        """What the emulator printed (its requests and its errors)."""
+        path = self.directory / "emulator.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def __exit__(self, *exc) -> None:
         self._stop()
@@ -153,6 +167,45 @@ class DynamicBmc:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+
+class DynamicBmc(_Emulator):
+    """``sushy-emulator`` with its fake systems driver: one fake system, ``h100-001``, whose
+    power changes a few seconds after a reset."""
+
+    def configuration(self) -> str:
+        return (
+            "SUSHY_EMULATOR_FAKE_SYSTEMS = [{'uuid': '27946b59-9e44-4fa7-8e91-f3527a1ef094', "
+            "'name': 'h100-001', 'power_state': 'On', 'external_notifier': False, "
+            "'nics': [{'mac': '00:5c:52:31:3a:9c', 'ip': '127.0.0.2'}]}]\n"
+        )
+
+    def backend(self) -> list[str]:
+        return ["--fake"]
+
+
+class LibvirtBmc(_Emulator):
+    """``sushy-emulator`` with its libvirt driver over the libvirtd at ``uri`` (the real-guest
+    rig's, tests/realguest/rig.py): a Redfish ComputerSystem per libvirt domain, whose id is the
+    domain's UUID. A reset destroys and starts the domain for real; InsertMedia downloads the
+    image, uploads it into the libvirt storage pool ``pool`` and attaches it to the domain as a
+    read-only CD-ROM; a boot override rewrites the domain's boot order. ``only`` limits the
+    systems it serves to those domains (UUIDs), as a BMC serves its own machine."""
+
+    def __init__(self, uri: str, *, pool: str, only: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.uri = uri
+        self.pool = pool
+        self.only = only
+
+    def configuration(self) -> str:
+        lines = f"SUSHY_EMULATOR_STORAGE_POOL = {self.pool!r}\n"
+        if self.only:
+            lines += f"SUSHY_EMULATOR_ALLOWED_INSTANCES = {list(self.only)!r}\n"
+        return lines
+
+    def backend(self) -> list[str]:
+        return ["--libvirt-uri", self.uri]
 
 
 def _answers(url: str, process: subprocess.Popen, *, timeout: float) -> bool:

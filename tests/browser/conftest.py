@@ -6,9 +6,11 @@ browser fails the tests (it is never a skip). Screenshots go to ``artifacts/scre
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.conftest import PASSWORD
@@ -54,6 +56,28 @@ def page(browser, live_server) -> Page:
     page.set_default_timeout(10_000)
     yield page
     context.close()
+    wait_for_the_live_server_to_finish_its_requests()
+
+
+# A request the page started last (an hx-trigger="load" fragment, a poll) may still be running in
+# the live server's thread when the test ends. Flushing the tables under it deadlocks the flush
+# and leaves the next test the rows of this one, so teardown waits for every other session on the
+# test database to be outside a transaction. Idle connections hold no locks and do not count.
+BUSY_SESSIONS = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')
+"""
+
+
+def wait_for_the_live_server_to_finish_its_requests(timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(BUSY_SESSIONS)
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.05)
 
 
 def log_in(page: Page, username: str, password: str = PASSWORD) -> None:

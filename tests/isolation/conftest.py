@@ -19,6 +19,7 @@ from django.utils.http import urlsafe_base64_encode
 from rest_framework.authtoken.models import Token
 
 from gpucap.allocation import services as allocation
+from gpucap.bmc.models import DiscoveryRun
 from gpucap.fleet import services as fleet
 from gpucap.inference import services as inference
 from gpucap.notices import services as notices
@@ -171,6 +172,26 @@ def world_build() -> World:
     bare_metal_image = catalogue_image(east["cluster"], name="acme-secret-os")
     rented = dedicated(east["nodes"]["l40s-002"], acme, operator=users["operator"])
     rental = rent(rented, acme, image=bare_metal_image, actor=users["operator"])
+    # A discovery of the node's BMC (the operators' own), previewed as a worker would store it.
+    discovery = DiscoveryRun.objects.create(
+        node=node,
+        state=DiscoveryRun.State.PREVIEWED,
+        entries=[
+            {
+                "cluster": east["cluster"].name,
+                "address": "https://10.0.0.5",
+                "username": "admin",
+                "verify_tls": True,
+                "hostname": node.hostname,
+                "gpu_model": "",
+                "fabric": "",
+                "system_id": "",
+                "node": node.pk,
+            }
+        ],
+        passwords_sealed=[""],
+        digest="0" * 64,
+    )
     ids = {
         # pages
         "slug": acme.slug,
@@ -180,6 +201,7 @@ def world_build() -> World:
         "hostname": node.hostname,
         "plan_id": plan.pk,
         "run_id": simulation.pk,
+        ("discoveries", "run_id"): discovery.pk,
         ("members", "pk"): membership.pk,
         ("invitations", "pk"): invitation.pk,
         ("vms", "pk"): vm.pk,
@@ -217,6 +239,7 @@ def world_build() -> World:
         ("bare-metal", "pk"): rental.pk,
         ("bare-metal-images", "pk"): bare_metal_image.pk,
         ("machines", "pk"): rental.pk,
+        ("discoveries", "id"): discovery.pk,
     }
     # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.
     markers = [SECRET, vm.ip_address, api_key.prefix, invitation.email]

@@ -170,6 +170,13 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/bare-metal-images/<pk>/",
         "/fleet/nodes/<cluster>/<hostname>/dedicate/",
         "/fleet/nodes/<cluster>/<hostname>/release/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/discoveries/<run_id>/apply/",
+        "/api/nodes/<id>/bmc/",
+        "/api/bmc/discoveries/<id>/",
+        "/api/bmc/discoveries/<id>/apply/",
+        "/api/nodes/<id>/provisioning/",
+        "/fleet/nodes/<cluster>/<hostname>/provisioning/",
         "/admin/rentals/virtualmachine/<object_id>/change/",
     }
     assert expected <= found, sorted(expected - found)

@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 from django.conf import settings
 
-from tests.realguest import rig
+from tests.realguest import bare_metal, rig
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +72,15 @@ def node(django_db_setup, django_db_blocker):
             thread.join(timeout=10)
         settings.METADATA_TRUSTED_PROXIES = previous
         the_node.close()
+
+
+@pytest.fixture(scope="module")
+def bare_metal_server(node, guest_image, accel, request):
+    """A machine with a BMC, for real (tests/realguest/bare_metal.py): a running domain on the
+    rig's libvirtd and ``LibvirtBmc`` (sushy-emulator's libvirt driver, htpasswd Basic auth on,
+    on a free loopback port) serving it alone. One per test module, named after it."""
+    name = "bm-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace(
+        "_", "-"
+    )
+    with bare_metal.server(node, guest_image, accel, name) as machine:
+        yield machine

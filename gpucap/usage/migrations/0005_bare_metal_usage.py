@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("bmc", "0003_bare_metal_rentals"),
+        ("bmc", "0005_bare_metal_rentals"),
         ("fleet", "0010_node_dedicated_tenant"),
         ("inference", "0006_load_minute"),
         ("rentals", "0007_vm_reservation"),

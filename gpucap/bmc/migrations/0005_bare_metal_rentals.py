@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("bmc", "0002_node_inventory"),
+        ("bmc", "0004_provisioning"),
         ("fleet", "0010_node_dedicated_tenant"),
         ("tenancy", "0002_invitations"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

@@ -1,0 +1,81 @@
+"""Celery tasks of the BMC app: ids in, a service called. Each is idempotent. Every BMC call
+runs in a task, never in a web request (docs/bmc.md).
+
+- ``bmc.discover``: read the BMCs of one stored discovery and store its preview, or apply it
+  if the BMCs still say what the preview showed (`gpucap.bmc.discovery_runs`). A database
+  that is away is retried with backoff; a BMC that does not answer is a problem named on the
+  run at once (the operator discovers again), not a retry loop.
+- ``bmc.provision_step`` takes one provisioning run as far as it goes now
+  (`gpucap.bmc.provisioning`); the first is sent when the run is started, and
+  ``bmc.provisionings_tick`` (on beat, every ``PROVISION_POLL_SECONDS``) sends one for each run
+  in progress: the waiting ones ask their hypervisor, and a run whose step was lost (a dead
+  worker, a message the broker dropped) goes on. Steps of one run are serialised by a
+  PostgreSQL session advisory lock, released even when its worker is killed; a step that finds
+  the lock taken leaves the run to the step holding it.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from celery import shared_task
+from celery.utils.time import get_exponential_backoff_interval
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
+
+from gpucap import locks
+from gpucap.bmc import discovery_runs, provisioning
+
+
+@shared_task(name="bmc.discover", bind=True, max_retries=5)
+def discover(self, run_id: int) -> str:
+    try:
+        return discovery_runs.discovery_carry_out(run_id=run_id).value
+    except (OperationalError, InterfaceError) as exc:
+        countdown = get_exponential_backoff_interval(
+            factor=1, retries=self.request.retries, maximum=60, full_jitter=True
+        )
+        raise self.retry(exc=exc, countdown=countdown) from exc
+
+
+# A transaction that met a restarting database is run again, with backoff.
+_DATABASE_RETRY = {
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+}
+
+
+@shared_task(name="bmc.provision_step", max_retries=5, **_DATABASE_RETRY)
+def provision_step(provisioning_id: int) -> str | None:
+    """One step of a provisioning run; its state afterwards (None: another step holds it, or
+    no such run)."""
+    with _provisioning_lock(provisioning_id) as taken:
+        if not taken:
+            return None
+        step = provisioning.provisioning_advance(provisioning_id)
+    return step.state if step else None
+
+
+@shared_task(name="bmc.provisionings_tick")
+def provisionings_tick() -> int:
+    """A step sent for every run in progress; how many."""
+    ids = provisioning.provisionings_in_progress()
+    for provisioning_id in ids:
+        # Left waiting longer than a tick, a step is dropped: the next tick sends another.
+        provision_step.apply_async(args=[provisioning_id], expires=settings.PROVISION_POLL_SECONDS)
+    return len(ids)
+
+
+@contextmanager
+def _provisioning_lock(provisioning_id: int) -> Iterator[bool]:
+    key = locks.key(locks.PROVISIONING, provisioning_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+        taken = cursor.fetchone()[0]
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
