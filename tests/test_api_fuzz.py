@@ -98,6 +98,7 @@ BEYOND_THE_SCHEMA = [
     ("POST", "/api/bare-metal/{id}/power/"),  # 409: one under way; 403: operators only look
     ("POST", "/api/bare-metal/{id}/end/"),  # 409: ended already; 403: operators only look
     ("POST", "/api/bare-metal/{id}/reclaim/"),  # 409: ended already
+    ("POST", "/api/bare-metal/{id}/reimage/"),  # an image of the catalogue; 409: no BMC
     ("POST", "/api/bare-metal-images/"),
     ("PATCH", "/api/bare-metal-images/{id}/"),
     ("DELETE", "/api/bare-metal-images/{id}/"),  # 409: a rental names it

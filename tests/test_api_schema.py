@@ -83,6 +83,7 @@ ENDPOINTS = {
     "/api/bare-metal/{id}/power/": {"post"},
     "/api/bare-metal/{id}/end/": {"post"},
     "/api/bare-metal/{id}/reclaim/": {"post"},
+    "/api/bare-metal/{id}/reimage/": {"post"},
     "/api/bare-metal-images/": {"get", "post"},
     "/api/bare-metal-images/{id}/": {"get", "patch", "delete"},
     "/api/nodes/{id}/bmc/": {"get", "put", "delete"},
@@ -357,10 +358,11 @@ def test_request_shapes_that_refuse_unknown_fields_say_so(schema):
     assert open_shapes == {"AuthTokenRequest"}
 
 
-def test_a_tenant_s_power_request_is_answered_202_with_its_rental(schema):
-    operation = schema["paths"]["/api/bare-metal/{id}/power/"]["post"]
+@pytest.mark.parametrize(("command", "request_shape"), [("power", "Power"), ("reimage", "Reimage")])
+def test_a_tenant_s_machine_command_is_answered_202_with_its_rental(schema, command, request_shape):
+    operation = schema["paths"][f"/api/bare-metal/{{id}}/{command}/"]["post"]
     body = operation["requestBody"]["content"]["application/json"]["schema"]
-    assert body == ref("PowerRequest")
+    assert body == ref(f"{request_shape}Request")
     answer = operation["responses"]["202"]["content"]["application/json"]["schema"]
     assert answer == ref("BareMetalRental")
     assert not {"bmc_address", "username", "password", "bmc_error"} & set(

@@ -176,6 +176,8 @@ def test_every_tenant_side_change_is_refused_to_an_operator_who_is_not_a_member(
         f"POST /api/tenants/{acme[('tenants', 'pk')]}/invitations/",
         f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/power/",
         f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/end/",
+        f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/reimage/",
+        f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/reimage/",
         f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/power/",
         f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/end/",
     }

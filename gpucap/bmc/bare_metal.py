@@ -1,7 +1,8 @@
 """Whole machines rented to tenants (docs/bmc.md, "Whole machines for tenants"): an operator
 rents a node dedicated to a tenant to that tenant (``bare_metal_rent``), the operator or the
 tenant ends it (``bare_metal_end``), and the tenant re-images it from its cluster's catalogue
-(``bare_metal_reimage``). Power is ``gpucap.bmc.bare_metal_power``'s.
+(``bare_metal_reimage``: a provisioning run, ``gpucap.bmc.provisioning``, that waits for no
+hypervisor). Power is ``gpucap.bmc.bare_metal_power``'s.
 
 While a rental lasts the node takes no VM placements: it is **cordoned**, with the rental as the
 reason (the cordon's audit message), and the fleet's ``node_state_changing`` is refused for it
@@ -20,7 +21,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
-from gpucap.bmc.models import BareMetalImage, BareMetalRental
+from gpucap.bmc import provisioning
+from gpucap.bmc.models import BareMetalImage, BareMetalPowerAction, BareMetalRental, Provisioning
 from gpucap.bmc.signals import bare_metal_rental_changed
 from gpucap.errors import Conflict
 from gpucap.fleet import services as fleet
@@ -157,6 +159,57 @@ def bare_metal_end(
     )
     bare_metal_rental_changed.send(sender=BareMetalRental, rental=rental)
     return rental
+
+
+@transaction.atomic
+def bare_metal_reimage(
+    *, rental: BareMetalRental, image: BareMetalImage, actor: Actor = None
+) -> Provisioning:
+    """The tenant boots its machine from ``image`` of its cluster's catalogue, by virtual media:
+    a provisioning run of the rental (the image inserted, the next boot from it once, a reset),
+    which leaves the image in the drive for the installer until its deadline. The rental names
+    the image from now on. An image that is not an enabled one of the cluster's is a 400 naming
+    ``image``; an ended rental, a power action or another run under way, a 409 saying which."""
+    rental = (
+        BareMetalRental.objects.select_for_update(of=("self",))
+        .select_related("node__cluster")
+        .get(pk=rental.pk)
+    )
+    node = rental.node
+    if rental.ended_at is not None:
+        raise Conflict(f"bare-metal rental {rental.pk} has ended", code="rental_ended")
+    if problem := image_problem(image, node=node):
+        raise ValidationError({"image": problem})
+    power = rental.power_actions.filter(state__in=BareMetalPowerAction.UNDER_WAY).first()
+    if power is not None:
+        raise Conflict(
+            f"{power.get_action_display().lower()} asked at {power.requested_at:%H:%M:%S} UTC is "
+            "still under way; wait for it to finish",
+            code="power_under_way",
+        )
+    running = Provisioning.objects.filter(node=node, state__in=Provisioning.ACTIVE).first()
+    if running is not None:
+        whose = "a re-image" if running.bare_metal_rental_id else "your operator's provisioning"
+        raise Conflict(
+            f"{whose} of {node.hostname} started at {running.started_at:%H:%M} UTC is still "
+            f"under way ({running.get_state_display().lower()})",
+            code="reimage_under_way",
+        )
+    run = provisioning.provisioning_start(
+        node=node, image_url=image.image_url, actor=actor, bare_metal_rental=rental
+    )
+    before = rental.image.name if rental.image_id else None
+    rental.image = image
+    rental.save(update_fields=["image"])
+    audit_record(
+        actor=actor,
+        verb="bare_metal.reimage",
+        target=rental,
+        before={"image": before},
+        after={"image": image.name},
+        message=f"{node.hostname} boots from {image.name}",
+    )
+    return run
 
 
 def image_problem(image: BareMetalImage, *, node: Node) -> str:

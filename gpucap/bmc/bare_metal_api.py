@@ -30,7 +30,7 @@ from gpucap.api.base import InputSerializer, ServiceWrites, choice_field
 from gpucap.api.filters import BooleanFilter, FilterSet, IdFilter
 from gpucap.api.permissions import IsOperator, IsOperatorOrReadOnly
 from gpucap.bmc import bare_metal, bare_metal_images, bare_metal_power
-from gpucap.bmc.bare_metal_selectors import rentals_visible_to, with_power
+from gpucap.bmc.bare_metal_selectors import rentals_visible_to, with_power, with_reimage
 from gpucap.bmc.models import BareMetalImage, BareMetalPowerAction, BareMetalRental
 from gpucap.fleet.models import Cluster, Node
 from gpucap.roles import is_operator, tenant_change_check, tenant_ids_for
@@ -50,6 +50,21 @@ class OperatorPowerActionSerializer(PowerActionSerializer):
     class Meta(PowerActionSerializer.Meta):
         fields = [*PowerActionSerializer.Meta.fields, "bmc_error"]
         read_only_fields = fields
+
+
+class ReimageProgressSerializer(serializers.Serializer):
+    state = serializers.CharField(
+        help_text="inserting (the image into the machine's virtual drive), booting (the machine "
+        "reset to boot from it), waiting (installing: the image stays in the drive until "
+        "`deadline`), done or failed.",
+    )
+    words = serializers.CharField(help_text="Where it is, or how it ended, in words.")
+    image = serializers.CharField(help_text="The catalogue image's name.")
+    started_at = serializers.DateTimeField()
+    inserted_at = serializers.DateTimeField(allow_null=True)
+    reset_at = serializers.DateTimeField(allow_null=True)
+    deadline = serializers.DateTimeField(help_text="Until when the image stays in the drive.")
+    finished_at = serializers.DateTimeField(allow_null=True)
 
 
 class ImageRefSerializer(serializers.Serializer):
@@ -81,6 +96,9 @@ class BareMetalRentalSerializer(serializers.ModelSerializer):
         "sending, sent (accepted; waiting for the power to follow), done or failed, with what "
         "happened in `message`. Null: none yet."
     )
+    reimage = serializers.SerializerMethodField(
+        help_text="The latest re-image from the catalogue and how far it got; null: none yet."
+    )
     power_action_serializer = PowerActionSerializer
 
     class Meta:
@@ -99,8 +117,14 @@ class BareMetalRentalSerializer(serializers.ModelSerializer):
             "power_state",
             "power_read_at",
             "power_action",
+            "reimage",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(ReimageProgressSerializer(allow_null=True))
+    def get_reimage(self, rental: BareMetalRental) -> dict | None:
+        reimage = getattr(rental, "reimage", None)
+        return None if reimage is None else ReimageProgressSerializer(reimage).data
 
     @extend_schema_field(PowerActionSerializer(allow_null=True))
     def get_power_action(self, rental: BareMetalRental) -> dict | None:
@@ -250,9 +274,9 @@ class BareMetalRentalViewSet(
     def get_serializer(self, *args, **kwargs):
         """Every rental shown carries its newest power action (one query for a page)."""
         if args and kwargs.get("many"):
-            args = (with_power(args[0]), *args[1:])
+            args = (with_reimage(with_power(args[0])), *args[1:])
         elif args and isinstance(args[0], BareMetalRental):
-            with_power([args[0]])
+            with_reimage(with_power([args[0]]))
         return super().get_serializer(*args, **kwargs)
 
     def create(self, request, *args, **kwargs):
@@ -293,6 +317,21 @@ class BareMetalRentalViewSet(
         rental = self._to_change()
         data = self.validated(PowerSerializer, request.data)
         bare_metal_power.bare_metal_power(rental=rental, action=data["action"], actor=request.user)
+        return Response(self.read(rental), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=ReimageSerializer, responses={202: BareMetalRentalSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def reimage(self, request, pk=None):
+        """The tenant's members: boot the machine from an image of its cluster's catalogue (its
+        id or name), by virtual media: the image is inserted, the machine reset to boot from it
+        once, and the image stays in the drive for its installer until `reimage.deadline`. What
+        runs there is stopped. An image not in the catalogue, of another cluster or disabled is
+        a 400 naming `image`; an ended rental, or a power action or re-image under way, a 409.
+        Answers the rental as it is now; a task acts on the machine next."""
+        rental = self._to_change()
+        data = self.validated(ReimageSerializer, request.data)
+        image = _image_of(data["image"], node=rental.node)
+        bare_metal.bare_metal_reimage(rental=rental, image=image, actor=request.user)
         return Response(self.read(rental), status=status.HTTP_202_ACCEPTED)
 
     def _to_change(self) -> BareMetalRental:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
 from gpucap.bmc import redfish
-from gpucap.bmc.models import BareMetalPowerAction, BareMetalRental
+from gpucap.bmc.models import BareMetalPowerAction, BareMetalRental, Provisioning
 from gpucap.bmc.power import power_state_read, system_reset
 from gpucap.bmc.services import bmc_target
 from gpucap.errors import Conflict
@@ -56,6 +56,8 @@ TENANT_WORDS = {
     redfish.REFUSED: "the machine's management controller refused it",
     redfish.INVENTORY: "the machine's management controller does not offer what gpucap needs",
 }
+# A re-image's steps that switch the power themselves: the tenant's power waits for them.
+BOOTING = (Provisioning.State.INSERTING, Provisioning.State.BOOTING)
 NO_BMC = "gpucap has no way to reach this machine's management controller; ask your operator"
 
 
@@ -76,6 +78,12 @@ def bare_metal_power(
     )
     if rental.ended_at is not None:
         raise Conflict(f"bare-metal rental {rental.pk} has ended", code="rental_ended")
+    if Provisioning.objects.filter(node_id=rental.node_id, state__in=BOOTING).exists():
+        raise Conflict(
+            f"{rental.node.hostname} is being re-imaged: its image is going in and the machine "
+            "is reset to boot from it; wait until it has (a minute or so)",
+            code="reimage_under_way",
+        )
     under_way = rental.power_actions.filter(state__in=BareMetalPowerAction.UNDER_WAY).first()
     if under_way is not None:
         if now - under_way.requested_at < timedelta(seconds=POWER_STALE_SECONDS):

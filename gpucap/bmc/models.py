@@ -204,6 +204,17 @@ class Provisioning(models.Model):
     )
     finished_at = models.DateTimeField(null=True, blank=True)
     message = models.TextField(blank=True)
+    # A tenant's re-image of a machine rented whole (gpucap.bmc.bare_metal): no hypervisor will
+    # answer there, so the image stays in the drive for its installer until the deadline, and
+    # the run is done then.
+    bare_metal_rental = models.ForeignKey(
+        "bmc.BareMetalRental",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="provisionings",
+        help_text="The rental whose tenant re-images the machine; empty: an operator's run.",
+    )
 
     class Meta:
         ordering = ["-started_at", "-id"]

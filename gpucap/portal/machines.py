@@ -1,6 +1,7 @@
 """A tenant's machines: the whole nodes rented to it as bare metal (docs/bmc.md, "Whole
 machines for tenants"), each with its power and its last power action, buttons to switch it
-(off and reset confirmed), and ending the rental. Operators look in read-only. The BMC's
+(off and reset confirmed), a re-image from its cluster's catalogue (confirmed) with its
+progress, and ending the rental. Operators look in read-only. The BMC's
 address and credentials are never on the page: what the tenant reads is its own words
 (``gpucap.bmc.bare_metal_power``).
 
@@ -20,7 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gpucap.bmc import bare_metal, bare_metal_power
 from gpucap.bmc.bare_metal_selectors import tenant_machines
-from gpucap.bmc.models import BareMetalRental
+from gpucap.bmc.models import BareMetalImage, BareMetalRental
 from gpucap.errors import Conflict
 from gpucap.roles import tenant_change_allowed, tenant_change_check
 from gpucap.tenancy import selectors as tenancy
@@ -54,6 +55,26 @@ def machine_power(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
 
 @require_POST
 @login_required
+def machine_reimage(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Boot the machine from an image of its cluster's catalogue (``image``: its id)."""
+
+    def reimage(rental: BareMetalRental) -> None:
+        image = BareMetalImage.objects.filter(
+            pk=_whole_number(request.POST.get("image")), cluster_id=rental.node.cluster_id
+        ).first()
+        if image is None:
+            raise ValidationError({"image": "pick an image of the catalogue"})
+        bare_metal.bare_metal_reimage(rental=rental, image=image, actor=request.user)
+
+    return _act(request, slug, pk, reimage)
+
+
+def _whole_number(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and len(text) < 19 else None
+
+
+@require_POST
+@login_required
 def machine_end(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     """End the rental: the machine goes back to the operators."""
     return _act(
@@ -66,7 +87,7 @@ def machine_end(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
 
 def _act(request: HttpRequest, slug: str, pk: int, act: Callable) -> HttpResponse:
     tenant = tenancy.tenant_visible_to(user=request.user, slug=slug)
-    rental = BareMetalRental.objects.filter(pk=pk, tenant=tenant).first()
+    rental = BareMetalRental.objects.filter(pk=pk, tenant=tenant).select_related("node").first()
     if rental is None:
         raise Http404("No such machine.")
     tenant_change_check(request.user, tenant.pk)

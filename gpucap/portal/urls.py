@@ -14,6 +14,11 @@ urlpatterns = [
         name="tenant-machine-power",
     ),
     path(
+        "tenants/<slug:slug>/machines/<int:pk>/reimage/",
+        machines.machine_reimage,
+        name="tenant-machine-reimage",
+    ),
+    path(
         "tenants/<slug:slug>/machines/<int:pk>/end/",
         machines.machine_end,
         name="tenant-machine-end",

@@ -217,8 +217,8 @@ def test_listing_rentals_takes_a_fixed_number_of_queries(
         BareMetalPowerAction.objects.create(
             rental=rent(other, tenant), action="on", requested_at=rental.started_at
         )
-    # the memberships, the count, the page, the power actions
-    with django_assert_num_queries(4):
+    # the memberships, the count, the page, the power actions, the re-images
+    with django_assert_num_queries(5):
         response = member_api.get("/api/bare-metal/")
     assert len(response.json()["results"]) == 3
 
@@ -234,7 +234,8 @@ def test_operators_list_every_rental_in_a_fixed_number_of_queries(
         )
     bare_metal.bare_metal_end(rental=rental, actor=operator)
     # the operators' group, the count, the page (with who started and ended each), the power
-    with django_assert_num_queries(4):
+    # actions, the re-images
+    with django_assert_num_queries(5):
         response = operator_api.get("/api/bare-metal/")
     assert [r["ended_by"] for r in response.json()["results"]] == [None, None, "olivia"]
 
@@ -316,3 +317,64 @@ def test_a_tenant_sees_the_enabled_images_where_it_rents_and_not_their_urls(
     )
     assert refused.status_code == 403
     assert json.loads(refused.content)["error"]["code"] == "permission_denied"
+
+
+# --- re-image -------------------------------------------------------------------------------------
+
+
+def test_the_tenant_reimages_by_name_or_id_and_reads_the_run(member_api, rental, image):
+    response = member_api.post(
+        f"/api/bare-metal/{rental.pk}/reimage/", {"image": "ubuntu-24.04-server"}, format="json"
+    )
+
+    assert response.status_code == 202, response.content
+    reimage = response.json()["reimage"]
+    assert (reimage["state"], reimage["image"]) == ("inserting", "ubuntu-24.04-server")
+    assert reimage["words"] == "putting the image in the machine's virtual drive"
+    assert "images.example" not in response.content.decode()
+    _no_credentials(response)
+    again = member_api.post(
+        f"/api/bare-metal/{rental.pk}/reimage/", {"image": image.pk}, format="json"
+    )
+    assert again.status_code == 409 and again.json()["error"]["code"] == "reimage_under_way"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (
+            {"image": "windows-95"},
+            "no bare-metal image 'windows-95' in the catalogue of cluster east",
+        ),
+        ({"image": "retired"}, "image 'retired' is disabled: it is not offered any more"),
+        ({"image": 10**6}, "no bare-metal image 1000000 in the catalogue of cluster east"),
+        ({"image": ["ubuntu"]}, "must be an image's id (a whole number) or its name"),
+        ({}, "This field is required."),
+    ],
+)
+def test_bad_reimage_input_is_a_400_naming_image(member_api, rental, image, data, reason):
+    catalogue_image(rental.node.cluster, name="retired", enabled=False)
+    before = _unchanged()
+
+    response = member_api.post(f"/api/bare-metal/{rental.pk}/reimage/", data, format="json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["fields"] == {"image": [reason]}
+    assert _unchanged() == before
+    assert BareMetalRental.objects.get(pk=rental.pk).image == image
+
+
+def test_a_reimage_of_another_tenant_s_machine_is_not_found_and_operators_only_look(
+    other_member_api, operator_api, rental, image
+):
+    data = {"image": image.pk}
+    assert (
+        other_member_api.post(
+            f"/api/bare-metal/{rental.pk}/reimage/", data, format="json"
+        ).status_code
+        == 404
+    )
+    assert (
+        operator_api.post(f"/api/bare-metal/{rental.pk}/reimage/", data, format="json").status_code
+        == 403
+    )

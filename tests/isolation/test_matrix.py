@@ -164,6 +164,8 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/api/bare-metal/<pk>/power/",
         "/api/bare-metal/<pk>/end/",
         "/api/bare-metal/<pk>/reclaim/",
+        "/api/bare-metal/<pk>/reimage/",
+        "/tenants/<slug>/machines/<pk>/reimage/",
         "/tenants/<slug>/machines/<pk>/power/",
         "/fleet/nodes/<cluster>/<hostname>/bare-metal/rent/",
         "/fleet/clusters/<name>/bare-metal-images/<pk>/delete/",

@@ -6,7 +6,7 @@ address and credentials are never on it."""
 import pytest
 from django.urls import reverse
 
-from gpucap.bmc.models import BareMetalPowerAction, BareMetalRental
+from gpucap.bmc.models import BareMetalPowerAction, BareMetalRental, Provisioning
 from gpucap.fleet import services as fleet
 from tests.bmc.bare_metal_helpers import catalogue_image, dedicated, rent
 from tests.bmc.conftest import TEST_KEY
@@ -21,6 +21,10 @@ def page_url(slug: str = "acme") -> str:
 
 def power_url(rental, slug: str = "acme") -> str:
     return reverse("tenant-machine-power", kwargs={"slug": slug, "pk": rental.pk})
+
+
+def reimage_url(rental, slug: str = "acme") -> str:
+    return reverse("tenant-machine-reimage", kwargs={"slug": slug, "pk": rental.pk})
 
 
 def end_url(rental, slug: str = "acme") -> str:
@@ -115,7 +119,7 @@ def test_ending_the_rental_moves_it_to_the_ended_ones(member_client, rental):
 def test_another_tenant_s_machine_is_not_found(other_member_client, rental, other_tenant):
     assert other_member_client.get(page_url()).status_code == 404
     for slug in ("acme", "globex"):
-        for url in (power_url(rental, slug), end_url(rental, slug)):
+        for url in (power_url(rental, slug), reimage_url(rental, slug), end_url(rental, slug)):
             response = other_member_client.post(url, {"action": "off"})
             assert response.status_code == 404, url
     assert other_member_client.get(page_url("globex")).status_code == 200
@@ -135,15 +139,42 @@ def test_operators_look_in_read_only(operator_client, rental):
 def test_the_page_runs_a_fixed_number_of_queries(
     member_client, rental, fleet_east, tenant, operator, django_assert_num_queries
 ):
-    # session, user, tenant ids, tenant; rentals under way, their power actions, the
-    # catalogue; the ended ones.
-    with django_assert_num_queries(8):
+    # session, user, tenant ids, tenant; rentals under way, their power actions and re-images,
+    # the catalogue; the ended ones.
+    with django_assert_num_queries(9):
         member_client.get(page_url())
     for hostname in ("l40s-001", "l40s-002"):
         node = dedicated(fleet_east["nodes"][hostname], tenant, operator=operator)
         rent(node, tenant)
     west = fleet.cluster_create(name="west")
     catalogue_image(west, name="elsewhere")
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(9):
         response = member_client.get(page_url(), headers=HTMX)
     assert response.content.decode().count('class="panel machine"') == 3
+
+
+def test_the_reimage_form_offers_the_catalogue_and_shows_the_run(member_client, rental):
+    page = member_client.get(page_url()).content.decode()
+    assert f'<option value="{rental.image_id}" selected>ubuntu-24.04-server</option>' in page
+    assert 'hx-confirm="Re-image a100-001 from the image you picked?' in page
+
+    response = member_client.post(reimage_url(rental), {"image": rental.image_id}, headers=HTMX)
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-state="inserting"' in page
+    assert "putting the image in the machine&#x27;s virtual drive" in page
+    assert " disabled>Re-image" in page and "every 3s" in page
+    assert "images.example" not in page
+    _no_bmc(page)
+    run = Provisioning.objects.get()
+    assert (run.bare_metal_rental_id, run.requested_by.username) == (rental.pk, "mallory")
+
+
+@pytest.mark.parametrize("image", ["", "nine", "99999"])
+def test_an_image_not_of_the_catalogue_is_refused_next_to_the_machine(member_client, rental, image):
+    response = member_client.post(reimage_url(rental), {"image": image}, headers=HTMX)
+
+    assert response.status_code == 400
+    assert "Not changed: pick an image of the catalogue" in response.content.decode()
+    assert not Provisioning.objects.exists()
