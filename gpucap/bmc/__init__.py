@@ -8,6 +8,8 @@ over Redfish, for discovery, recovery, provisioning and whole-machine rentals.
 YAML list of BMCs for ``manage.py bmc_discover``; ``discovery_runs`` stores a preview and
 applies it, through ``tasks`` and ``api``); ``provisioning`` boots a node from an image by
 virtual media (``models.Provisioning``, stepped by ``tasks``, read by ``selectors`` and
-``provisioning_api``). Recovery and bare-metal rentals come next (docs/bmc.md says in what
-order).
+``provisioning_api``); ``bare_metal`` rents whole machines to tenants
+(``bare_metal_models``), who switch their power (``bare_metal_power``, ``bare_metal_tasks``)
+and re-image them from a cluster's catalogue (``bare_metal_images``) through
+``bare_metal_api`` and the portal. Recovery comes next (docs/bmc.md says what else).
 """

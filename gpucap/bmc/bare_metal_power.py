@@ -67,7 +67,8 @@ def bare_metal_power(
 ) -> BareMetalPowerAction:
     """Ask for ``action`` (on, off or reset) on a rented machine: recorded, audited, and sent to
     the BMC by a task once this commits. An unknown action is a 400 naming ``action``; an ended
-    rental, or another action still under way, a 409."""
+    rental, another action still under way, or a re-image putting its image in and resetting
+    the machine, a 409."""
     now = now or timezone.now()
     if action not in Action.values:
         raise ValidationError({"action": f"{str(action)[:40]!r} is not one of: on, off, reset"})
