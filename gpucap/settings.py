@@ -246,6 +246,7 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": "gpucap.plans.models.Plan.Status",
         "ReplicaReadinessEnum": "gpucap.inference.models.Readiness",
         "SimulationStateEnum": "gpucap.plans.models.SimulationRun.State",
+        "PowerActionStateEnum": "gpucap.bmc.models.BareMetalPowerAction.State",
         "DiscoveryStateEnum": "gpucap.bmc.models.DiscoveryRun.State",
         # A plan's trigger keeps the name it had before recovery's attempts had one too.
         "TriggerEnum": "gpucap.plans.models.Plan.Trigger",

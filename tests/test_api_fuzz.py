@@ -25,7 +25,7 @@ from schemathesis.config import SchemathesisConfig
 
 from gpucap.allocation import services as allocation
 from gpucap.allocation.models import Reservation, TenantQuota
-from gpucap.bmc.models import DiscoveryRun
+from gpucap.bmc.models import BareMetalImage, BareMetalRental, DiscoveryRun
 from gpucap.fleet.models import CapacitySet, Cluster, Gpu, Image, Node, Pool
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
@@ -39,6 +39,7 @@ from gpucap.schedules import services as schedules
 from gpucap.schedules.models import PolicyOverride, ScheduleEntry
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Invitation, Membership, Tenant
+from tests.bmc.bare_metal_helpers import catalogue_image, dedicated, rent
 from tests.inference import conftest as inference_fixtures
 from tests.rentals import conftest as rentals_fixtures
 from tests.rentals.vm_helpers import request_vm, running_vm
@@ -95,6 +96,14 @@ BEYOND_THE_SCHEMA = [
     ("PATCH", "/api/quotas/{id}/"),
     ("POST", "/api/reservations/"),  # whole blocks, the set's GPUs, no overlap
     ("PATCH", "/api/reservations/{id}/"),
+    ("POST", "/api/bare-metal/"),  # 409: a node not dedicated to the tenant, or rented already
+    ("POST", "/api/bare-metal/{id}/power/"),  # 409: one under way; 403: operators only look
+    ("POST", "/api/bare-metal/{id}/end/"),  # 409: ended already; 403: operators only look
+    ("POST", "/api/bare-metal/{id}/reclaim/"),  # 409: ended already
+    ("POST", "/api/bare-metal/{id}/reimage/"),  # an image of the catalogue; 409: no BMC
+    ("POST", "/api/bare-metal-images/"),
+    ("PATCH", "/api/bare-metal-images/{id}/"),
+    ("DELETE", "/api/bare-metal-images/{id}/"),  # 409: a rental names it
     ("POST", "/api/bmc/discoveries/"),  # clusters that exist; at least one entry
     ("POST", "/api/bmc/discoveries/{id}/apply/"),  # 409: not a preview (any more)
     ("PUT", "/api/nodes/{id}/bmc/"),  # a node with a BMC address; a password the first time
@@ -137,7 +146,8 @@ def fleet_of_two_tenants(
     fleet_east, pools, inference_pools, tenant, other_tenant, member, operator
 ) -> None:
     """Something of each kind the API serves, for acme and for globex: running and pending
-    VMs, a notice, an inference deployment with an API key, an invitation, a stored plan."""
+    VMs, a notice, an inference deployment with an API key, an invitation, a stored plan, a
+    machine rented whole."""
     nodes = fleet_east["nodes"]
     web = running_vm(
         tenant, pools["h100-spot"], nodes["h100-001"], [0, 1], name="web", ip="10.50.0.1"
@@ -189,6 +199,9 @@ def fleet_of_two_tenants(
         data={"name": "acme-8", "gpus": 8, "block_gpus": 8, "always": True},
         actor=operator,
     )
+    # acme rents l40s-002 whole, with an image of the cluster's bare-metal catalogue.
+    image = catalogue_image(fleet_east["cluster"])
+    rent(dedicated(nodes["l40s-002"], tenant, operator=operator), tenant, image=image)
     # A discovery previewed (its BMC read as a worker would have), ready to be applied.
     DiscoveryRun.objects.create(
         requested_by=operator,
@@ -248,6 +261,8 @@ PATH_OBJECTS = {
     "simulations": SimulationRun,
     "quotas": TenantQuota,
     "reservations": Reservation,
+    "bare-metal": BareMetalRental,
+    "bare-metal-images": BareMetalImage,
     "bmc": DiscoveryRun,  # /api/bmc/discoveries/{id}/
     "invitation_id": Invitation,
     "membership_id": Membership,

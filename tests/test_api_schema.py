@@ -82,6 +82,14 @@ ENDPOINTS = {
     "/api/reservations/": {"get", "post"},
     "/api/reservations/{id}/": {"get", "patch", "delete"},
     "/api/capacity-sets/{id}/reservations/": {"get"},
+    "/api/bare-metal/": {"get", "post"},
+    "/api/bare-metal/{id}/": {"get"},
+    "/api/bare-metal/{id}/power/": {"post"},
+    "/api/bare-metal/{id}/end/": {"post"},
+    "/api/bare-metal/{id}/reclaim/": {"post"},
+    "/api/bare-metal/{id}/reimage/": {"post"},
+    "/api/bare-metal-images/": {"get", "post"},
+    "/api/bare-metal-images/{id}/": {"get", "patch", "delete"},
     "/api/nodes/{id}/bmc/": {"get", "put", "delete"},
     "/api/bmc/discoveries/": {"get", "post"},
     "/api/bmc/discoveries/{id}/": {"get"},
@@ -110,6 +118,8 @@ COMMANDS = {
     "/api/api-keys/{id}/revoke/": (None, "ApiKey"),
     "/api/capacity-sets/{id}/schedule/": ("ScheduleEntryCreateRequest", "ScheduleEntry"),
     "/api/capacity-sets/{id}/overrides/": ("PolicyOverrideSetRequest", "PolicyOverride"),
+    "/api/bare-metal/{id}/end/": (None, "BareMetalRental"),
+    "/api/bare-metal/{id}/reclaim/": (None, "OperatorRental"),
 }
 
 # Errors that carry more than the one shape, still built on it: a refused approval answers
@@ -312,6 +322,8 @@ def test_a_pool_or_image_answer_has_exactly_one_of_its_shapes(schema):
     for seen, shapes in (
         ("PoolAsSeen", {"Pool", "TenantPool"}),
         ("ImageAsSeen", {"Image", "TenantImage"}),
+        ("BareMetalRentalAsSeen", {"OperatorRental", "BareMetalRental"}),
+        ("BareMetalImageAsSeen", {"BareMetalImage", "TenantBareMetalImage"}),
     ):
         assert {b["$ref"].rsplit("/", 1)[-1] for b in components[seen]["oneOf"]} == shapes
         for shape in shapes:
@@ -362,3 +374,15 @@ def test_request_shapes_that_refuse_unknown_fields_say_so(schema):
         name for name, c in requests.items() if c.get("additionalProperties") is not False
     }
     assert open_shapes == {"AuthTokenRequest"}
+
+
+@pytest.mark.parametrize(("command", "request_shape"), [("power", "Power"), ("reimage", "Reimage")])
+def test_a_tenant_s_machine_command_is_answered_202_with_its_rental(schema, command, request_shape):
+    operation = schema["paths"][f"/api/bare-metal/{{id}}/{command}/"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body == ref(f"{request_shape}Request")
+    answer = operation["responses"]["202"]["content"]["application/json"]["schema"]
+    assert answer == ref("BareMetalRental")
+    assert not {"bmc_address", "username", "password", "bmc_error"} & set(
+        schema["components"]["schemas"]["BareMetalRental"]["properties"]
+    )

@@ -14,11 +14,13 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from gpucap.audit.models import AuditEvent
+from gpucap.bmc.models import BareMetalPowerAction, BareMetalRental
 from gpucap.inference import services as inference
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.rentals.models import VirtualMachine
 from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Invitation, Membership, Tenant
+from tests.bmc.bare_metal_helpers import dedicated, rent
 from tests.conftest import PASSWORD
 from tests.inference import conftest as inference_fixtures
 from tests.rentals import conftest as rentals_fixtures
@@ -58,7 +60,11 @@ def acme(member, tenant, pools, inference_pools, fleet_east, django_capture_on_c
     invitation = tenancy.invitation_send(
         tenant=tenant, email="nina@acme.example", role="member", site_url="http://testserver"
     )
+    machine = dedicated(fleet_east["nodes"]["l40s-002"], tenant)
+    rental = rent(machine, tenant)
     return {
+        ("bare-metal", "pk"): rental.pk,
+        ("machines", "pk"): rental.pk,
         ("tenants", "slug"): tenant.slug,
         ("tenants", "pk"): tenant.pk,
         ("vms", "pk"): vm.pk,
@@ -109,6 +115,8 @@ def world() -> dict:
         "invitations": list(Invitation.objects.order_by("pk").values_list("pk", "revoked_at")),
         "tenants": list(Tenant.objects.order_by("pk").values()),
         "events": AuditEvent.objects.count(),
+        "bare_metal": list(BareMetalRental.objects.order_by("pk").values_list("pk", "ended_at")),
+        "power": BareMetalPowerAction.objects.count(),
     }
 
 
@@ -166,6 +174,12 @@ def test_every_tenant_side_change_is_refused_to_an_operator_who_is_not_a_member(
         f"POST /api/api-keys/{acme[('api-keys', 'pk')]}/revoke/",
         f"PATCH /api/tenants/{acme[('tenants', 'pk')]}/members/{acme['membership_id']}/",
         f"POST /api/tenants/{acme[('tenants', 'pk')]}/invitations/",
+        f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/power/",
+        f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/end/",
+        f"POST /api/bare-metal/{acme[('bare-metal', 'pk')]}/reimage/",
+        f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/reimage/",
+        f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/power/",
+        f"POST /tenants/acme/machines/{acme[('machines', 'pk')]}/end/",
     }
     assert expected <= set(checked), sorted(expected - set(checked))
 

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 from gpucap.allocation.api import TenantQuotaViewSet
 from gpucap.api.errors import endpoint_not_found
 from gpucap.bmc.api import DiscoveriesView, DiscoveryApplyView, DiscoveryView, NodeBmcView
+from gpucap.bmc.bare_metal_api import BareMetalImageViewSet, BareMetalRentalViewSet
 from gpucap.bmc.provisioning_api import NodeProvisioningView
 from gpucap.bmc.recovery_api import (
     ClusterRecoveryPolicyView,
@@ -74,6 +75,8 @@ router.register("deployments", InferenceDeploymentViewSet, basename="deployment"
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("quotas", TenantQuotaViewSet, basename="quota")
 router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("bare-metal", BareMetalRentalViewSet, basename="bare-metal")
+router.register("bare-metal-images", BareMetalImageViewSet, basename="bare-metal-image")
 
 urlpatterns = [
     path("token/", ObtainTokenView.as_view(), name="api-token"),

@@ -11,5 +11,8 @@ hypervisor stays silent, and recovery power-cycles them (``recovery_models``; ``
 changes its state, ``power_cycle`` speaks to the BMC and runs the tick; ``recovery_selectors``
 and ``recovery_api`` read and command it); ``provisioning`` boots a node from an image by
 virtual media (``models.Provisioning``, stepped by ``tasks``, read by ``selectors`` and
-``provisioning_api``). Bare-metal rentals come next (docs/bmc.md says in what order).
+``provisioning_api``); ``bare_metal`` rents whole machines to tenants
+(``bare_metal_models``), who switch their power (``bare_metal_power``, ``bare_metal_tasks``)
+and re-image them from a cluster's catalogue (``bare_metal_images``) through
+``bare_metal_api`` and the portal.
 """

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from gpucap.bmc.bare_metal_selectors import rented_node_ids
 from gpucap.bmc.recovery_models import HypervisorProbe
 from gpucap.drivers.base import Driver, DriverError
 from gpucap.drivers.registry import driver_for
@@ -36,8 +37,12 @@ def hypervisor_watch(*, now: datetime | None = None) -> list[Node]:
     HypervisorProbe.objects.filter(node__state=Node.State.DOWN, silent_since__isnull=False).update(
         silent_since=None
     )
+    # A node rented whole runs its tenant's system: no hypervisor there to answer.
     nodes = list(
-        Node.objects.exclude(state=Node.State.DOWN).select_related("cluster").order_by("pk")
+        Node.objects.exclude(state=Node.State.DOWN)
+        .exclude(pk__in=rented_node_ids())
+        .select_related("cluster")
+        .order_by("pk")
     )
     at = now or timezone.now()
     answers = hypervisors_answer(nodes)

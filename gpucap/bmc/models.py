@@ -1,7 +1,8 @@
 """What gpucap keeps to speak to a node's BMC (docs/bmc.md, Models).
 
 The BMC's address is the node's ``bmc_address`` (the fleet file and the API carry it); this app
-adds how to log in, sealed, and whether to verify its certificate.
+adds how to log in, sealed, and whether to verify its certificate. The whole machines it rents
+to tenants are ``gpucap.bmc.bare_metal_models``' (imported at the end, so the app has them).
 """
 
 from django.conf import settings
@@ -203,6 +204,17 @@ class Provisioning(models.Model):
     )
     finished_at = models.DateTimeField(null=True, blank=True)
     message = models.TextField(blank=True)
+    # A tenant's re-image of a machine rented whole (gpucap.bmc.bare_metal): no hypervisor will
+    # answer there, so the image stays in the drive for its installer until the deadline, and
+    # the run is done then.
+    bare_metal_rental = models.ForeignKey(
+        "bmc.BareMetalRental",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="provisionings",
+        help_text="The rental whose tenant re-images the machine; empty: an operator's run.",
+    )
 
     class Meta:
         ordering = ["-started_at", "-id"]
@@ -236,6 +248,13 @@ class Provisioning(models.Model):
 
 
 # Recovery's models live in a module of their own; Django finds them through this import.
+# The models of whole machines rented to tenants live in a module of their own; imported here,
+# they are the app's models like the rest.
+from gpucap.bmc.bare_metal_models import (  # noqa: E402, F401
+    BareMetalImage,
+    BareMetalPowerAction,
+    BareMetalRental,
+)
 from gpucap.bmc.recovery_models import (  # noqa: E402, F401
     HypervisorProbe,
     NodeRecovery,

@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gpucap.bmc import recovery
+from gpucap.bmc.bare_metal_selectors import rented_node_ids
 from gpucap.bmc.hypervisor_watch import hypervisors_answer
 from gpucap.bmc.power import power_state_read, system_reset
 from gpucap.bmc.recovery_models import NodeRecovery, RecoveryAttempt, RecoveryPolicy
@@ -168,7 +169,10 @@ def _due_for_a_cycle(now: datetime) -> list[Node]:
     clusters = RecoveryPolicy.objects.filter(auto_power_cycle=True).values_list(
         "cluster_id", flat=True
     )
-    down = Node.objects.filter(state=Node.State.DOWN, cluster_id__in=clusters)
+    # A machine rented whole is its tenant's to switch: never cycled by automation.
+    down = Node.objects.filter(state=Node.State.DOWN, cluster_id__in=clusters).exclude(
+        pk__in=rented_node_ids()
+    )
     for node in down.filter(Q(recovery__isnull=True) | Q(recovery__down_since__isnull=True)):
         recovery.node_went_down(node_id=node.pk, at=now)
     due = []

@@ -8,7 +8,9 @@ step. ``provisioning_advance`` is one step of a run, called by the ``bmc.provisi
 
     inserting  the image in the BMC's CD/DVD drive, write-protected
     booting    the next boot once from the CD, then a reset: ForceRestart, or On when off
-    waiting    for the node's hypervisor to answer (``hypervisor_check``), until the deadline
+    waiting    for the node's hypervisor to answer (``hypervisor_check``), until the deadline;
+               a tenant's re-image of a machine rented whole (``bare_metal_rental``) waits
+               for no hypervisor: its installer has the image until the deadline, then done
     done / failed
 
 The media is ejected at the end either way. Every transition is a conditional update on the
@@ -28,8 +30,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
+from gpucap.bmc import bare_metal_power
 from gpucap.bmc.hypervisor_watch import hypervisors_answer
-from gpucap.bmc.models import Provisioning
+from gpucap.bmc.models import BareMetalRental, Provisioning
 from gpucap.bmc.power import power_state_read, system_reset
 from gpucap.bmc.redfish import BmcError, BmcTarget
 from gpucap.bmc.services import bmc_target
@@ -63,10 +66,14 @@ hypervisor_check: Callable[[Node], bool] = hypervisor_answers
 
 
 @transaction.atomic
-def provisioning_start(*, node: Node, image_url: str, actor: Actor) -> Provisioning:
+def provisioning_start(
+    *, node: Node, image_url: str, actor: Actor, bare_metal_rental: BareMetalRental | None = None
+) -> Provisioning:
     """Boot ``node`` from the image at ``image_url`` by virtual media. Refused (409) unless
     the node is cordoned or down with no VM holding a GPU of it and no run in progress, or
-    without BMC credentials; an image URL that is no http(s) URL is a 400 naming the field."""
+    without BMC credentials; an image URL that is no http(s) URL is a 400 naming the field.
+    With ``bare_metal_rental``, the run is that rental's tenant's re-image of its machine
+    (``gpucap.bmc.bare_metal.bare_metal_reimage``): no hypervisor is waited for."""
     if problem := image_url_problem(image_url):
         raise ValidationError({"image_url": problem})
     node = Node.objects.select_for_update().select_related("cluster").get(pk=node.pk)
@@ -78,6 +85,7 @@ def provisioning_start(*, node: Node, image_url: str, actor: Actor) -> Provision
         requested_by=actor if actor is not None and actor.is_authenticated else None,
         started_at=now,
         deadline=now + timedelta(seconds=settings.PROVISION_TIMEOUT_SECONDS),
+        bare_metal_rental=bare_metal_rental,
     )
     audit_record(
         actor=actor,
@@ -212,9 +220,18 @@ def _booting(provisioning: Provisioning, target: BmcTarget) -> None:
         _finish(provisioning, State.FAILED, message, target)
         return
     _move(provisioning, State.BOOTING, State.WAITING, message="")
+    if provisioning.bare_metal_rental_id is not None:
+        # The tenant's page shows its machine's power: read again once the reset took effect.
+        for countdown in (5, 15):
+            enqueue_on_commit(
+                "bmc.bare_metal_power_read", provisioning.bare_metal_rental_id, countdown=countdown
+            )
 
 
 def _waiting(provisioning: Provisioning, target: BmcTarget) -> None:
+    if provisioning.bare_metal_rental_id is not None:
+        _installing(provisioning, target)
+        return
     if hypervisor_check(provisioning.node):
         now = timezone.now()
         Provisioning.objects.filter(pk=provisioning.pk, state=State.WAITING).update(answered_at=now)
@@ -227,6 +244,22 @@ def _waiting(provisioning: Provisioning, target: BmcTarget) -> None:
         )
         return
     _past_deadline(provisioning, target)
+
+
+def _installing(provisioning: Provisioning, target: BmcTarget) -> None:
+    """A tenant's re-image of a machine rented whole: it runs the tenant's system, no hypervisor
+    will answer. The image stays in the drive for its installer until the deadline; then it is
+    ejected and the run is done. Each look reads the machine's power for the tenant's page."""
+    if timezone.now() < provisioning.deadline:
+        bare_metal_power.power_read(rental_id=provisioning.bare_metal_rental_id)
+        return
+    _finish(
+        provisioning,
+        State.DONE,
+        f"the machine was reset to boot from the image at {_clock(provisioning.reset_at)}; the "
+        f"image stayed in its drive for the installer until {_clock(provisioning.deadline)}",
+        target,
+    )
 
 
 _STEPS = {State.INSERTING: _inserting, State.BOOTING: _booting, State.WAITING: _waiting}

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpucap.audit.services import Actor, audit_record
+from gpucap.bmc.bare_metal_selectors import rented_node_ids
 from gpucap.bmc.recovery_models import (
     BOOT_TIMEOUT_SECONDS_MAX,
     GRACE_SECONDS_MAX,
@@ -50,6 +51,12 @@ def power_cycle_request(*, node: Node, actor: Actor) -> RecoveryAttempt:
             f"node {locked.hostname} is {locked.state}, not down: a power cycle would cut "
             "the power under its VMs",
             code="node_not_down",
+        )
+    if rented_node_ids().filter(node_id=locked.pk).exists():
+        raise Conflict(
+            f"node {locked.hostname} is rented whole to a tenant: its power is the tenant's "
+            "(power on, off and reset on its Machines page); reclaim the rental first",
+            code="node_rented",
         )
     if not locked.bmc_address or not hasattr(locked, "bmc_credential"):
         missing = "BMC address" if not locked.bmc_address else "BMC credentials"

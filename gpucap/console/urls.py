@@ -1,6 +1,7 @@
 from django.urls import path
 
 from gpucap.console import (
+    bare_metal,
     bmc_panel,
     dedication,
     provisioning,
@@ -57,6 +58,26 @@ urlpatterns = [
     ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
+    path(
+        "clusters/<slug:name>/bare-metal-images/",
+        bare_metal.images_section,
+        name="bare-metal-images",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/add/",
+        bare_metal.image_add,
+        name="bare-metal-image-add",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/<int:pk>/offer/",
+        bare_metal.image_offer,
+        name="bare-metal-image-offer",
+    ),
+    path(
+        "clusters/<slug:name>/bare-metal-images/<int:pk>/delete/",
+        bare_metal.image_delete,
+        name="bare-metal-image-delete",
+    ),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(
@@ -72,6 +93,21 @@ urlpatterns = [
         "nodes/<slug:cluster>/<str:hostname>/release/",
         dedication.node_release,
         name="node-release",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/",
+        bare_metal.node_section,
+        name="node-bare-metal",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/rent/",
+        bare_metal.node_rent,
+        name="node-bare-metal-rent",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bare-metal/end/",
+        bare_metal.node_rental_end,
+        name="node-bare-metal-end",
     ),
     path("nodes/<slug:cluster>/<str:hostname>/bmc/", bmc_panel.node_bmc, name="node-bmc"),
     path(

@@ -31,3 +31,15 @@ node_dedication_changed = Signal()
 # inside the transaction that changed the health, only when it changed. Arguments: ``gpu_id``,
 # ``node_id``, ``actor`` (who set it failed; None for the system).
 gpu_failed = Signal()
+
+# About to move a node between states (``node_set_state``), sent once the move is legal and
+# before anything changes: a receiver that must keep the node where it is raises
+# ``gpucap.errors.Conflict`` naming why, and nothing changes. The BMC app keeps a node rented
+# whole to a tenant out of service (``gpucap.bmc.bare_metal``: no ``ready`` or ``draining``
+# while the rental lasts). Arguments: ``node``, ``old``, ``new``.
+node_state_changing = Signal()
+
+# About to dedicate a node to a tenant or release it (``node_set_dedicated_tenant``), before
+# anything changes; a receiver may refuse with ``Conflict``, as above (a node rented whole stays
+# its tenant's until the rental ends). Arguments: ``node``, ``tenant`` (None: released).
+node_dedication_changing = Signal()

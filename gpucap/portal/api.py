@@ -44,6 +44,12 @@ class DedicatedNodeSerializer(serializers.Serializer):
     others_leaving = serializers.IntegerField(
         help_text="Other tenants' VMs still on the node, leaving (a dedication waits for them)."
     )
+    bare_metal_rental = serializers.IntegerField(
+        source="rental_id",
+        allow_null=True,
+        help_text="The node is rented to the tenant whole: the rental's id "
+        "(/api/bare-metal/<id>/); null: it is not.",
+    )
 
 
 class TenantViewSet(tenancy.TenantViewSet):

@@ -19,6 +19,7 @@ from gpucap.allocation.selectors import (
     reservation_window,
     reservations_held,
 )
+from gpucap.bmc.models import BareMetalRental
 from gpucap.fleet.models import Gpu, Node, Pool
 from gpucap.inference.models import ApiKey, InferenceDeployment
 from gpucap.inference.selectors import DeploymentList, tenant_deployments
@@ -30,6 +31,7 @@ from gpucap.rentals.selectors import TRANSITIONAL, vms_with_gpus
 from gpucap.rentals.services import HOLDING
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.tenancy.selectors import viewer_role
+from gpucap.usage.models import BARE_METAL, KIND_LABELS
 from gpucap.usage.selectors import gpu_hours_by_pool_kind, month_bounds
 
 # The portal shows this many VMs (open notices first, then the newest) and API keys (newest).
@@ -94,6 +96,11 @@ class TenantPortal:
         return self.role == "operator"
 
     @property
+    def rents_machines(self) -> bool:
+        """Some of its dedicated nodes are rented to it whole (its Machines page)."""
+        return any(dedicated.rental_id for dedicated in self.dedicated)
+
+    @property
     def is_admin(self) -> bool:
         return self.role == Membership.Role.ADMIN
 
@@ -142,7 +149,9 @@ def portal_live(*, tenant: Tenant, now: datetime | None = None) -> PortalLive:
         deployments=tenant_deployments(tenant=tenant),
         usage=[
             UsageTotal(kind, label, hours.get(kind, Decimal(0)))
-            for kind, label in Pool.Kind.choices
+            for kind, label in KIND_LABELS.items()
+            # Bare metal only for a tenant that rents machines whole.
+            if kind != BARE_METAL or hours.get(kind)
         ],
         month_start=since,
         month_end=until,
@@ -230,6 +239,7 @@ class DedicatedNode:
     vms: list[VirtualMachine]
     others_leaving: int  # other tenants' VMs still holding GPUs here
     others_gpus: int  # and their GPUs
+    rental_id: int | None = None  # rented whole to the tenant as bare metal (gpucap.bmc)
 
     @property
     def free_gpus(self) -> int:
@@ -255,6 +265,9 @@ def dedicated_nodes(*, tenant: Tenant) -> list[DedicatedNode]:
                 ),
                 Value(0),
             ),
+            rental_id=Subquery(
+                BareMetalRental.objects.filter(node=OuterRef("pk"), ended_at=None).values("pk")
+            ),
         )
         .order_by("hostname")
     )
@@ -267,7 +280,11 @@ def dedicated_nodes(*, tenant: Tenant) -> list[DedicatedNode]:
         vms[vm.node_id].append(vm)
     return [
         DedicatedNode(
-            node=node, vms=vms[node.pk], others_leaving=node.others, others_gpus=node.others_gpus
+            node=node,
+            vms=vms[node.pk],
+            others_leaving=node.others,
+            others_gpus=node.others_gpus,
+            rental_id=node.rental_id,
         )
         for node in nodes
     ]

@@ -57,17 +57,17 @@ COLUMN_HELP = {
     "ChargePeriodStart": "Start of the GPU time counted, UTC.",
     "ChargePeriodEnd": "End of the GPU time counted (exclusive), UTC; now for a running VM.",
     "ChargeCategory": "Always Usage.",
-    "PricingCategory": "Standard (on-demand, inference) or Dynamic (spot).",
+    "PricingCategory": "Standard (on-demand, inference, bare metal) or Dynamic (spot).",
     "ConsumedQuantity": "GPU-seconds, a decimal string exact to the millisecond.",
     "ConsumedUnit": "Always GPU-Seconds.",
     "SubAccountId": "The tenant's slug.",
     "SubAccountName": "The tenant's name.",
-    "ResourceId": "The VM: vm-<id>.",
-    "ResourceName": "The VM's name.",
-    "ResourceType": "GPU VM, or Inference replica.",
+    "ResourceId": "The VM, vm-<id>; or the bare-metal rental, bare-metal-<id>.",
+    "ResourceName": "The VM's name; or the rented machine's hostname.",
+    "ResourceType": "GPU VM, Inference replica or Bare-metal machine.",
     "RegionId": "The cluster's name.",
     "ServiceCategory": "Always Compute.",
-    "ServiceName": "On-demand GPU VMs, Spot GPU VMs or Inference endpoints.",
+    "ServiceName": "On-demand GPU VMs, Spot GPU VMs, Inference endpoints or Bare-metal machines.",
     "SkuId": "<GPU model>/<pool kind>.",
     "CommitmentDiscountId": "Reserved GPU time: the reservation, reservation-<id>; empty "
     "otherwise.",
@@ -77,13 +77,15 @@ COLUMN_HELP = {
     "CommitmentDiscountCategory": "Usage (a number of GPUs kept) for reserved GPU time; empty "
     "otherwise.",
     "CommitmentDiscountStatus": "Used for reserved GPU time; empty otherwise.",
-    "x_PoolName": "The pool's name.",
-    "x_PoolKind": "on_demand, spot or inference.",
+    "x_PoolName": "The pool's name; empty for a bare-metal rental.",
+    "x_PoolKind": "on_demand, spot or inference; bare_metal for a whole machine rented to the "
+    "tenant (all its GPUs, from the rental's start to its end).",
     "x_CapacitySet": "The pool's capacity set; empty for a standalone pool.",
     "x_GpuModel": "The GPU model.",
-    "x_GpuCount": "GPUs the VM held.",
+    "x_GpuCount": "GPUs the VM held; every GPU of a bare-metal rental's machine.",
     "x_DeploymentSlug": "The inference deployment a replica serves; empty otherwise.",
-    "x_Allocation": "Whose capacity: dedicated (a node dedicated to the tenant), reserved (inside "
+    "x_Allocation": "Whose capacity: dedicated (a node dedicated to the tenant, bare-metal "
+    "rentals included), reserved (inside "
     "the tenant's reservation), borrowed (capacity kept for another tenant's reservation) or "
     "shared.",
     "x_BorrowedFrom": "Borrowed GPU time: the reservation borrowed from, reservation-<id>; empty "

@@ -57,17 +57,26 @@ COLUMNS = [
 # Rows per chunk of a streamed export: big enough that the response's per-chunk cost vanishes.
 CHUNK_ROWS = 1000
 
-PRICING_CATEGORY = {"on_demand": "Standard", "spot": "Dynamic", "inference": "Standard"}
+# A whole machine rented as bare metal is sold at its list price too.
+PRICING_CATEGORY = {
+    "on_demand": "Standard",
+    "spot": "Dynamic",
+    "inference": "Standard",
+    "bare_metal": "Standard",
+}
 SERVICE_NAME = {
     "on_demand": "On-demand GPU VMs",
     "spot": "Spot GPU VMs",
     "inference": "Inference endpoints",
+    "bare_metal": "Bare-metal machines",
 }
 
 
 def focus_row(row: dict) -> dict:
-    """One usage row (``selectors.usage_rows``) as FOCUS columns, JSON-ready."""
+    """One usage row (``selectors.usage_rows``) as FOCUS columns, JSON-ready. A bare-metal
+    rental's row (kind ``bare_metal``, no VM or pool) names the rental and its node."""
     replica = row["deployment_slug"] is not None
+    bare_metal = row["vm_id"] is None
     return {
         "x_RecordId": row["record_id"],
         "ChargePeriodStart": _utc(row["started_at"]),
@@ -78,15 +87,17 @@ def focus_row(row: dict) -> dict:
         "ConsumedUnit": "GPU-Seconds",
         "SubAccountId": row["tenant_slug"],
         "SubAccountName": row["tenant_name"],
-        "ResourceId": f"vm-{row['vm_id']}",
-        "ResourceName": row["vm_name"],
-        "ResourceType": "Inference replica" if replica else "GPU VM",
+        "ResourceId": (
+            f"bare-metal-{row['bare_metal_rental_id']}" if bare_metal else f"vm-{row['vm_id']}"
+        ),
+        "ResourceName": row["node_hostname"] if bare_metal else row["vm_name"],
+        "ResourceType": _resource_type(bare_metal=bare_metal, replica=replica),
         "RegionId": row["cluster_name"],
         "ServiceCategory": "Compute",
         "ServiceName": SERVICE_NAME[row["pool_kind"]],
         "SkuId": f"{row['gpu_model']}/{row['pool_kind']}",
         **_commitment(row),
-        "x_PoolName": row["pool_name"],
+        "x_PoolName": row["pool_name"] or "",
         "x_PoolKind": row["pool_kind"],
         "x_CapacitySet": row["capacity_set_name"] or "",
         "x_GpuModel": row["gpu_model"],
@@ -98,6 +109,12 @@ def focus_row(row: dict) -> dict:
         "x_UsagePeriodStart": _utc(row["period_start"]),
         "x_Final": bool(row["final"]),
     }
+
+
+def _resource_type(*, bare_metal: bool, replica: bool) -> str:
+    if bare_metal:
+        return "Bare-metal machine"
+    return "Inference replica" if replica else "GPU VM"
 
 
 def _commitment(row: dict) -> dict:

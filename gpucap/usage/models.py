@@ -13,7 +13,15 @@ from functools import reduce
 from django.db import models
 from django.db.models import F, Q
 
+from gpucap.fleet.models import Pool
 from gpucap.tenancy.models import Tenant
+
+# What GPU time usage counts, by kind: a VM's is its pool's kind (``Pool.Kind``); a whole
+# machine rented to a tenant (``gpucap.bmc``'s ``BareMetalRental``) is ``bare_metal``, all of
+# its GPUs held for the whole rental.
+BARE_METAL = "bare_metal"
+USAGE_KINDS = (*Pool.Kind.values, BARE_METAL)
+KIND_LABELS = {**dict(Pool.Kind.choices), BARE_METAL: "Bare metal"}
 
 
 class Allocation(models.TextChoices):
@@ -87,13 +95,38 @@ def attribution_constraint(prefix: str) -> models.CheckConstraint:
     )
 
 
+def vm_or_rental_constraint(prefix: str, *, vm_fields=("vm",)) -> models.CheckConstraint:
+    """A VM's GPU time (``vm_fields`` set) or a bare-metal rental's (``bare_metal_rental`` set,
+    the VM's fields empty), never both, never neither."""
+    vm = reduce(operator.and_, (Q(**{f"{field}__isnull": False}) for field in vm_fields))
+    no_vm = reduce(operator.and_, (Q(**{f"{field}__isnull": True}) for field in vm_fields))
+    return models.CheckConstraint(
+        condition=(vm & Q(bare_metal_rental__isnull=True))
+        | (no_vm & Q(bare_metal_rental__isnull=False)),
+        name=f"{prefix}_vm_or_bare_metal_rental",
+    )
+
+
 class UsageInterval(Attributed):
     """A span during which a VM held GPUs under one attribution: the lifecycle opens and closes
-    it (receivers), and ``services.usage_reattribute`` ends it where its attribution changes."""
+    it (receivers), and ``services.usage_reattribute`` ends it where its attribution changes.
+    Or the span of a bare-metal rental, a whole machine's GPUs held from its start to its end
+    (kind ``bare_metal``, attributed ``dedicated`` to the node: it is its tenant's)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_intervals")
     vm = models.ForeignKey(
-        "rentals.VirtualMachine", on_delete=models.PROTECT, related_name="usage_intervals"
+        "rentals.VirtualMachine",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_intervals",
+    )
+    bare_metal_rental = models.ForeignKey(
+        "bmc.BareMetalRental",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_intervals",
     )
     pool_kind = models.CharField(max_length=16)
     gpu_model = models.CharField(max_length=64)
@@ -121,6 +154,11 @@ class UsageInterval(Attributed):
             models.UniqueConstraint(
                 fields=["vm"], condition=Q(ended_at__isnull=True), name="usage_one_open_per_vm"
             ),
+            # A rental has one interval, open or not: opened once, never again.
+            models.UniqueConstraint(
+                fields=["bare_metal_rental"], name="usage_one_interval_per_bare_metal_rental"
+            ),
+            vm_or_rental_constraint("usage_interval"),
             models.CheckConstraint(
                 condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
                 name="usage_ends_after_start",
@@ -129,7 +167,8 @@ class UsageInterval(Attributed):
         ]
 
     def __str__(self) -> str:
-        return f"{self.vm} {self.gpu_count}x{self.gpu_model} from {self.started_at}"
+        holder = self.vm if self.vm_id else f"bare-metal rental {self.bare_metal_rental_id}"
+        return f"{holder} {self.gpu_count}x{self.gpu_model} from {self.started_at}"
 
 
 class UsageRecord(Attributed):
@@ -142,7 +181,18 @@ class UsageRecord(Attributed):
     interval = models.ForeignKey(UsageInterval, on_delete=models.PROTECT, related_name="records")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
     vm = models.ForeignKey(
-        "rentals.VirtualMachine", on_delete=models.PROTECT, related_name="usage_records"
+        "rentals.VirtualMachine",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+    )
+    bare_metal_rental = models.ForeignKey(
+        "bmc.BareMetalRental",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
     )
     deployment = models.ForeignKey(
         "inference.InferenceDeployment",
@@ -151,7 +201,13 @@ class UsageRecord(Attributed):
         on_delete=models.PROTECT,
         related_name="usage_records",
     )
-    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="usage_records")
+    pool = models.ForeignKey(
+        "fleet.Pool",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+    )
     pool_kind = models.CharField(max_length=16)
     gpu_model = models.CharField(max_length=64)
     gpu_count = models.PositiveSmallIntegerField()
@@ -176,6 +232,7 @@ class UsageRecord(Attributed):
                 name="usage_record_within_period",
             ),
             attribution_constraint("usage_record"),
+            vm_or_rental_constraint("usage_record", vm_fields=("vm", "pool")),
         ]
 
     def __str__(self) -> str:

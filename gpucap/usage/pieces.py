@@ -3,7 +3,9 @@
 One interval becomes one piece per period it overlaps (``USAGE_PERIOD_SECONDS``, aligned to
 midnight UTC), its end clipped to ``now`` while it is open. The same statement feeds the records
 billing receives (``services.usage_record``) and the exports (``selectors.usage_rows``), so a
-piece has the same ``record_id``, bounds and GPU-seconds wherever it is read.
+piece has the same ``record_id``, bounds and GPU-seconds wherever it is read. An interval is a
+VM's (``vm_id``, with its pool and deployment) or a bare-metal rental's
+(``bare_metal_rental_id``; the VM's columns are null).
 """
 
 from datetime import datetime, timedelta
@@ -18,7 +20,8 @@ ORIGIN = "2000-01-01 00:00:00+00"
 PIECES_SQL = """
 SELECT 'iv' || i.id || '-' || to_char(p.period_start AT TIME ZONE 'UTC',
                                       'YYYYMMDD"T"HH24MISS"Z"') AS record_id,
-       i.id AS interval_id, i.tenant_id, i.vm_id, vm.deployment_id, vm.pool_id,
+       i.id AS interval_id, i.tenant_id, i.vm_id, i.bare_metal_rental_id, vm.deployment_id,
+       vm.pool_id,
        i.pool_kind, i.gpu_model, i.gpu_count, i.allocation, i.commitment_id, i.commitment_name,
        i.borrowed_from, i.dedicated_node, p.period_start,
        greatest(i.started_at, p.period_start) AS started_at,
@@ -26,7 +29,7 @@ SELECT 'iv' || i.id || '-' || to_char(p.period_start AT TIME ZONE 'UTC',
        i.ended_at IS NOT NULL AND i.ended_at <= p.period_start + %(period)s
            OR p.period_start + %(period)s <= %(now)s AS final
   FROM usage_usageinterval i
-  JOIN rentals_virtualmachine vm ON vm.id = i.vm_id
+  LEFT JOIN rentals_virtualmachine vm ON vm.id = i.vm_id
   CROSS JOIN LATERAL generate_series(
        date_bin(%(period)s, greatest(i.started_at, {since}), %(origin)s),
        least(coalesce(i.ended_at, %(now)s), {until}) - interval '1 microsecond',

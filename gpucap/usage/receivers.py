@@ -2,16 +2,19 @@
 interval during which a VM holds GPUs becomes a usage interval (DESIGN.md section 9), opened with
 the VM's attribution (gpucap/usage/attribution.py). Usage also follows what changes an
 attribution without moving the VM: a node dedicated or released (``node_dedication_changed``,
-gpucap/fleet/signals.py) and a reservation deleted."""
+gpucap/fleet/signals.py) and a reservation deleted. A whole machine rented to a tenant is usage
+too (``bare_metal_rental_changed``, gpucap/bmc/signals.py): all its GPUs, held from the rental's
+start to its end."""
 
 from django.db.models import Q
 from django.utils import timezone
 
+from gpucap.bmc.models import BareMetalRental
 from gpucap.rentals.models import VirtualMachine
 from gpucap.rentals.services import HOLDING
 from gpucap.usage import services
-from gpucap.usage.attribution import reservation_ref, vm_attribution
-from gpucap.usage.models import UsageInterval
+from gpucap.usage.attribution import Attribution, reservation_ref, vm_attribution
+from gpucap.usage.models import BARE_METAL, Allocation, UsageInterval
 
 
 def usage_follow_vm(sender, *, vm, old: str, new: str, now, **kwargs) -> None:
@@ -46,3 +49,31 @@ def usage_follow_reservation_deleted(sender, *, instance, **kwargs) -> None:
         Q(commitment_id=ref) | Q(borrowed_from=ref), ended_at=None
     ).values_list("vm_id", flat=True)
     services.usage_reattribute(vm_ids=list(vm_ids), now=timezone.now())
+
+
+def usage_follow_bare_metal(sender, *, rental: BareMetalRental, **kwargs) -> None:
+    """A rental started: its interval opens at its start, the node's GPU count held, ``dedicated``
+    to the node (the machine is its tenant's alone). It ended: the interval ends with it. Told
+    twice, it changes nothing: a rental has one interval (a unique constraint; a second insert
+    does nothing), and only an open one is ended."""
+    if rental.ended_at is None:
+        node = rental.node
+        attribution = Attribution(allocation=Allocation.DEDICATED, dedicated_node=node.hostname)
+        UsageInterval.objects.bulk_create(
+            [
+                UsageInterval(
+                    tenant_id=rental.tenant_id,
+                    bare_metal_rental=rental,
+                    pool_kind=BARE_METAL,
+                    gpu_model=node.gpu_model,
+                    gpu_count=node.gpu_count,
+                    started_at=rental.started_at,
+                    **attribution.fields(),
+                )
+            ],
+            ignore_conflicts=True,
+        )
+    else:
+        UsageInterval.objects.filter(bare_metal_rental=rental, ended_at=None).update(
+            ended_at=rental.ended_at
+        )

@@ -10,22 +10,33 @@ from django.utils import timezone
 
 from gpucap.fleet.models import CapacitySet, Pool
 from gpucap.usage import pieces
-from gpucap.usage.models import Allocation, BillingDelivery, BillingWebhook, UsageRecord
+from gpucap.usage.models import (
+    KIND_LABELS,
+    USAGE_KINDS,
+    Allocation,
+    BillingDelivery,
+    BillingWebhook,
+    UsageRecord,
+)
 
-# A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment.
+# A piece with the names billing and people read: tenant, VM, pool, cluster, set, deployment;
+# for a bare-metal rental's (no VM, no pool), the rental and its node.
 USAGE_ROWS_SQL = """
 SELECT r.record_id, r.period_start, r.started_at, r.ended_at, r.final, r.gpu_seconds,
        r.pool_kind, r.gpu_model, r.gpu_count, r.interval_id, r.allocation, r.commitment_id,
        r.commitment_name, r.borrowed_from, r.dedicated_node,
        r.tenant_id, t.slug AS tenant_slug, t.name AS tenant_name,
        r.vm_id, vm.name AS vm_name, vm.role AS vm_role,
+       r.bare_metal_rental_id, bare.hostname AS node_hostname,
        pool.name AS pool_name, cluster.name AS cluster_name, cs.name AS capacity_set_name,
        d.slug AS deployment_slug
   FROM ({rows}) AS r
   JOIN tenancy_tenant t ON t.id = r.tenant_id
-  JOIN rentals_virtualmachine vm ON vm.id = r.vm_id
-  JOIN fleet_pool pool ON pool.id = r.pool_id
-  JOIN fleet_cluster cluster ON cluster.id = pool.cluster_id
+  LEFT JOIN rentals_virtualmachine vm ON vm.id = r.vm_id
+  LEFT JOIN fleet_pool pool ON pool.id = r.pool_id
+  LEFT JOIN bmc_baremetalrental rental ON rental.id = r.bare_metal_rental_id
+  LEFT JOIN fleet_node bare ON bare.id = rental.node_id
+  JOIN fleet_cluster cluster ON cluster.id = coalesce(pool.cluster_id, bare.cluster_id)
   LEFT JOIN fleet_capacityset cs ON cs.id = pool.capacity_set_id
   LEFT JOIN inference_inferencedeployment d ON d.id = r.deployment_id
  ORDER BY r.period_start, r.interval_id
@@ -132,7 +143,6 @@ SELECT (r.started_at AT TIME ZONE 'UTC')::date AS day, r.tenant_id, t.slug, t.na
  ORDER BY 1, 4, 5, 6
 """
 
-POOL_KINDS = ("on_demand", "spot", "inference")
 # The tenant's page shows its GPU-hours in this order: what it pays for first.
 ALLOCATIONS = ("dedicated", "reserved", "borrowed", "shared")
 
@@ -146,8 +156,8 @@ class TenantUsage:
 
     @property
     def kinds(self) -> list[Decimal]:
-        """GPU-hours in POOL_KINDS order, for a table row."""
-        return [self.by_kind[kind] for kind in POOL_KINDS]
+        """GPU-hours in USAGE_KINDS order, for a table row."""
+        return [self.by_kind[kind] for kind in USAGE_KINDS]
 
 
 @dataclass(frozen=True)
@@ -167,8 +177,8 @@ class UsageSummary:
 
     @property
     def kinds(self) -> list[tuple[str, str, Decimal]]:
-        """(kind, its label, GPU-hours) for every pool kind."""
-        return [(kind, Pool.Kind(kind).label, self.by_kind[kind]) for kind in POOL_KINDS]
+        """(kind, its label, GPU-hours) for every kind (pool kinds, then bare metal)."""
+        return [(kind, KIND_LABELS[kind], self.by_kind[kind]) for kind in USAGE_KINDS]
 
     @property
     def allocations(self) -> list[tuple[str, str, Decimal]]:
@@ -196,9 +206,9 @@ def usage_summary(
     days = _days(since, until)
     index = {day: n for n, day in enumerate(days)}
     zero = Decimal(0)
-    by_kind = dict.fromkeys(POOL_KINDS, zero)
+    by_kind = dict.fromkeys(USAGE_KINDS, zero)
     by_allocation = dict.fromkeys(ALLOCATIONS, zero)
-    daily_by_kind = {kind: [zero] * len(days) for kind in POOL_KINDS}
+    daily_by_kind = {kind: [zero] * len(days) for kind in USAGE_KINDS}
     daily_by_tenant: dict[str, list[Decimal]] = {}
     tenants: dict[str, tuple[str, dict[str, Decimal]]] = {}
     for day, _tenant_id, slug, name, kind, allocation, seconds in rows:
@@ -207,7 +217,7 @@ def usage_summary(
         by_allocation[allocation] += hours
         daily_by_kind[kind][index[day]] += hours
         daily_by_tenant.setdefault(slug, [zero] * len(days))[index[day]] += hours
-        tenants.setdefault(slug, (name, dict.fromkeys(POOL_KINDS, zero)))[1][kind] += hours
+        tenants.setdefault(slug, (name, dict.fromkeys(USAGE_KINDS, zero)))[1][kind] += hours
     tenant_usage = sorted(
         (
             TenantUsage(slug=slug, name=name, gpu_hours=sum(kinds.values()), by_kind=kinds)

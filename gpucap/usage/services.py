@@ -34,12 +34,12 @@ UNRECORDED = "(i.ended_at IS NULL OR i.recorded_until IS NULL OR i.recorded_unti
 
 INSERT_RECORDS_SQL = """
 INSERT INTO usage_usagerecord
-       (record_id, interval_id, tenant_id, vm_id, deployment_id, pool_id, pool_kind, gpu_model,
-        gpu_count, period_start, started_at, ended_at, gpu_seconds, allocation, commitment_id,
-        commitment_name, borrowed_from, dedicated_node, created_at)
-SELECT record_id, interval_id, tenant_id, vm_id, deployment_id, pool_id, pool_kind, gpu_model,
-       gpu_count, period_start, started_at, ended_at, gpu_seconds, allocation, commitment_id,
-       commitment_name, borrowed_from, dedicated_node, %(now)s
+       (record_id, interval_id, tenant_id, vm_id, bare_metal_rental_id, deployment_id, pool_id,
+        pool_kind, gpu_model, gpu_count, period_start, started_at, ended_at, gpu_seconds,
+        allocation, commitment_id, commitment_name, borrowed_from, dedicated_node, created_at)
+SELECT record_id, interval_id, tenant_id, vm_id, bare_metal_rental_id, deployment_id, pool_id,
+       pool_kind, gpu_model, gpu_count, period_start, started_at, ended_at, gpu_seconds,
+       allocation, commitment_id, commitment_name, borrowed_from, dedicated_node, %(now)s
   FROM ({rows}) AS rows
  ORDER BY period_start, interval_id
     ON CONFLICT (interval_id, period_start) DO NOTHING
@@ -112,8 +112,9 @@ def usage_reattribute(*, vm_ids: Iterable[int] | QuerySet | None = None, now: da
     attribution: it is corrected in place rather than split. So flags written just after a
     placement, reattributed with a moment taken just before ``vm_place``, give the VM one
     interval with the right attribution. The split is never before what was already recorded."""
+    # A bare-metal rental's interval has one attribution for its whole life: only VMs move.
     open_intervals = (
-        UsageInterval.objects.filter(ended_at=None)
+        UsageInterval.objects.filter(ended_at=None, vm__isnull=False)
         .select_related("vm__node", "vm__reservation__capacity_set")
         .only(*ATTRIBUTION_READS)
     )
@@ -327,7 +328,14 @@ def _billing_claim(*, now: datetime, force: bool) -> tuple[BillingWebhook, uuid.
 def _billing_deliver(*, hook: BillingWebhook, token: uuid.UUID, now: datetime) -> BillingPushResult:
     records = list(
         UsageRecord.objects.filter(id__gte=hook.batch_first, id__lte=hook.batch_last)
-        .select_related("tenant", "vm", "pool__cluster", "pool__capacity_set", "deployment")
+        .select_related(
+            "tenant",
+            "vm",
+            "pool__cluster",
+            "pool__capacity_set",
+            "deployment",
+            "bare_metal_rental__node__cluster",
+        )
         .order_by("id")
     )
     batch_id = hook.batch_id
@@ -369,8 +377,9 @@ def billing_body(*, batch_id: str, hook: BillingWebhook, records: list[UsageReco
 
 
 def _usage_row(record: UsageRecord) -> dict:
-    """A record with the keys ``selectors.usage_rows`` yields, for ``export.focus_row``."""
-    pool = record.pool
+    """A record with the keys ``selectors.usage_rows`` yields, for ``export.focus_row``: a VM's
+    or, with the VM's keys None, a bare-metal rental's."""
+    pool, rental = record.pool, record.bare_metal_rental
     return {
         "record_id": record.record_id,
         "period_start": record.period_start,
@@ -386,11 +395,13 @@ def _usage_row(record: UsageRecord) -> dict:
         "tenant_slug": record.tenant.slug,
         "tenant_name": record.tenant.name,
         "vm_id": record.vm_id,
-        "vm_name": record.vm.name,
-        "vm_role": record.vm.role,
-        "pool_name": pool.name,
-        "cluster_name": pool.cluster.name,
-        "capacity_set_name": pool.capacity_set.name if pool.capacity_set_id else None,
+        "vm_name": record.vm.name if record.vm_id else None,
+        "vm_role": record.vm.role if record.vm_id else None,
+        "bare_metal_rental_id": record.bare_metal_rental_id,
+        "node_hostname": rental.node.hostname if rental else None,
+        "pool_name": pool.name if pool else None,
+        "cluster_name": pool.cluster.name if pool else rental.node.cluster.name,
+        "capacity_set_name": pool.capacity_set.name if pool and pool.capacity_set_id else None,
         "deployment_slug": record.deployment.slug if record.deployment_id else None,
         **interval_attribution(record).fields(),
     }

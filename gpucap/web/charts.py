@@ -37,8 +37,14 @@ KIND_COLOURS = {
     "on_demand": "var(--held-on_demand, #4c8ef0)",
     "spot": "var(--held-spot, #0ca678)",
     "inference": "var(--held-inference, #9a74eb)",
+    "bare_metal": "var(--held-bare_metal, #b08900)",
 }
-KIND_LABELS = {"on_demand": "On-demand", "spot": "Spot", "inference": "Inference"}
+KIND_LABELS = {
+    "on_demand": "On-demand",
+    "spot": "Spot",
+    "inference": "Inference",
+    "bare_metal": "Bare metal",
+}
 # A set may have several pools of one kind: each gets a shade of its kind's colour.
 KIND_SHADES = {
     "on_demand": ["var(--held-on_demand, #4c8ef0)", "#1c4f9c", "#8fb3ef", "#2f6fd0"],

@@ -32,6 +32,7 @@ from gpucap.tenancy import services as tenancy
 from gpucap.tenancy.models import Membership, Tenant
 from gpucap.usage import services as usage
 from gpucap.usage.models import BillingDelivery
+from tests.bmc.bare_metal_helpers import catalogue_image, dedicated, rent
 from tests.conftest import PASSWORD, TEST_INFERENCE_REDIS_URL, fleet_east_build
 from tests.inference.conftest import inference_pools_build
 from tests.rentals.vm_helpers import grant_pools, running_vm
@@ -167,6 +168,10 @@ def world_build() -> World:
         capacity_set=h100,
         data={"name": "acme-8", "gpus": 8, "block_gpus": 8, "always": True},
     )
+    # acme rents l40s-002 whole, with an image of east's bare-metal catalogue on it.
+    bare_metal_image = catalogue_image(east["cluster"], name="acme-secret-os")
+    rented = dedicated(east["nodes"]["l40s-002"], acme, operator=users["operator"])
+    rental = rent(rented, acme, image=bare_metal_image, actor=users["operator"])
     # A discovery of the node's BMC (the operators' own), previewed as a worker would store it.
     discovery = DiscoveryRun.objects.create(
         node=node,
@@ -232,6 +237,9 @@ def world_build() -> World:
         ("overrides", "name"): override.name,
         ("quotas", "pk"): quota.pk,
         ("reservations", "pk"): reservation.pk,
+        ("bare-metal", "pk"): rental.pk,
+        ("bare-metal-images", "pk"): bare_metal_image.pk,
+        ("machines", "pk"): rental.pk,
         ("discoveries", "id"): discovery.pk,
     }
     # Not the VM's instance id: "vm-1" is also the start of "vm-12", which globex may own.

@@ -64,7 +64,12 @@ def test_operator_page_totals_gpu_hours_by_pool_kind_and_by_tenant(operator_clie
     assert response.status_code == 200
     summary = response.context["summary"]
     assert summary.gpu_hours == 3 * 2 + 1.5 + 2  # acme 7.5 spot, globex 2 on-demand
-    assert summary.by_kind == {"on_demand": 2, "spot": Decimal("7.5"), "inference": 0}
+    assert summary.by_kind == {
+        "on_demand": 2,
+        "spot": Decimal("7.5"),
+        "inference": 0,
+        "bare_metal": 0,
+    }
     assert [(t.slug, t.gpu_hours) for t in summary.tenants] == [("acme", 7.5), ("globex", 2)]
     page = response.content.decode()
     assert "November 2026 · all tenants" in page

@@ -7,7 +7,7 @@ from django.db import transaction
 from gpucap.audit.services import Actor, audit_record
 from gpucap.fleet.models import Node
 from gpucap.fleet.services._common import capacity_set_bump
-from gpucap.fleet.signals import node_dedication_changed
+from gpucap.fleet.signals import node_dedication_changed, node_dedication_changing
 from gpucap.tasks import enqueue_on_commit
 from gpucap.tenancy.models import Tenant
 
@@ -23,6 +23,7 @@ def node_set_dedicated_tenant(*, node: Node, tenant: Tenant | None, actor: Actor
     after = tenant.pk if tenant is not None else None
     if before == after:
         return False
+    node_dedication_changing.send(sender=Node, node=node, tenant=tenant)
     changed = Node.objects.filter(pk=node.pk, dedicated_tenant_id=before).update(
         dedicated_tenant_id=after
     )

@@ -10,7 +10,7 @@ from gpucap.audit.services import Actor, audit_record
 from gpucap.errors import Conflict
 from gpucap.fleet.models import Node
 from gpucap.fleet.services._common import capacity_set_bump
-from gpucap.fleet.signals import node_went_down
+from gpucap.fleet.signals import node_state_changing, node_went_down
 
 # Which states an operator may move a node between, and the audit verb for each move.
 _NODE_TRANSITIONS = {
@@ -67,7 +67,9 @@ def node_recovered(*, node: Node, message: str = "") -> Node:
 
 
 def _node_move(node: Node, state: str, *, verb: str, actor: Actor, message: str) -> None:
-    """Move a locked node to ``state``: the row, the set's generation, the audit event."""
+    """Move a locked node to ``state``: the row, the set's generation, the audit event. A
+    receiver of ``node_state_changing`` may refuse the move first (``Conflict``)."""
+    node_state_changing.send(sender=Node, node=node, old=node.state, new=state)
     before = node.state
     Node.objects.filter(pk=node.pk, state=before).update(state=state, updated_at=timezone.now())
     node.state = state
