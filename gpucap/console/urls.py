@@ -75,6 +75,16 @@ urlpatterns = [
     ),
     path("nodes/<slug:cluster>/<str:hostname>/bmc/", bmc_panel.node_bmc, name="node-bmc"),
     path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/credentials/",
+        bmc_panel.node_bmc_credentials,
+        name="node-bmc-credentials",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/credentials/delete/",
+        bmc_panel.node_bmc_credentials_delete,
+        name="node-bmc-credentials-delete",
+    ),
+    path(
         "nodes/<slug:cluster>/<str:hostname>/bmc/rediscover/",
         bmc_panel.node_rediscover,
         name="node-bmc-rediscover",

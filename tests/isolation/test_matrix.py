@@ -164,6 +164,8 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/fleet/nodes/<cluster>/<hostname>/release/",
         "/fleet/nodes/<cluster>/<hostname>/bmc/",
         "/fleet/nodes/<cluster>/<hostname>/bmc/discoveries/<run_id>/apply/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/credentials/",
+        "/fleet/nodes/<cluster>/<hostname>/bmc/credentials/delete/",
         "/api/nodes/<id>/bmc/",
         "/api/bmc/discoveries/<id>/",
         "/api/bmc/discoveries/<id>/apply/",
