@@ -2,6 +2,7 @@ from django.urls import path
 
 from gpucap.console import (
     bmc_panel,
+    cluster_discovery,
     dedication,
     provisioning,
     recovery,
@@ -57,6 +58,26 @@ urlpatterns = [
     ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
+    path(
+        "clusters/<slug:name>/discover/",
+        cluster_discovery.cluster_discover,
+        name="cluster-discover",
+    ),
+    path(
+        "clusters/<slug:name>/discover/row/",
+        cluster_discovery.cluster_discover_row,
+        name="cluster-discover-row",
+    ),
+    path(
+        "clusters/<slug:name>/discoveries/<int:run_id>/",
+        cluster_discovery.cluster_discovery,
+        name="cluster-discovery",
+    ),
+    path(
+        "clusters/<slug:name>/discoveries/<int:run_id>/apply/",
+        cluster_discovery.cluster_discovery_apply,
+        name="cluster-discovery-apply",
+    ),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(

@@ -1,7 +1,10 @@
 """The operators' BMC forms in a real browser (issue 20): the node page's credentials form (a bad
 system id told next to its field, the password never filled back, TLS verification turned off
-shown in red, Remove after its confirmation). Screenshots at desktop (1400 px) and phone (390 px)
-width; on a phone nothing scrolls sideways."""
+shown in red, Remove after its confirmation); the cluster page's "Discover machines" (a row
+added, a missing password told next to its field, then a REAL Celery worker reads the emulated
+GPU server while the panel polls, the preview, Apply through its confirmation, the node
+created). Screenshots at desktop (1400 px) and phone (390 px) width; on a phone nothing scrolls
+sideways."""
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -11,9 +14,14 @@ from gpucap.bmc.passwords import password_open
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Node
 from tests.bmc.conftest import TEST_KEY
+from tests.bmc.emulators import StaticBmc
 from tests.browser.conftest import log_in, screenshot
+from tests.rentals import conftest as rentals_fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+celery_queue = rentals_fixtures.celery_queue
+workers = rentals_fixtures.workers
 
 PASSWORD = "s3cret-bmc-password"
 
@@ -83,3 +91,43 @@ def test_the_credentials_form_on_the_node_page(page, operator, east):
     expect(panel.locator(".bmc-notice")).to_have_text("Credentials removed.")
     assert not BmcCredential.objects.exists()
     assert Node.objects.get(pk=node.pk).bmc_address == "https://10.0.0.5"
+
+
+def test_discover_machines_from_the_cluster_page(page, operator, east, workers):
+    worker = workers(BMC_CREDENTIAL_KEYS=TEST_KEY)
+    log_in(page, operator.username)
+    page.goto("/fleet/clusters/east/")
+    panel = page.locator("#cluster-discovery")
+    expect(panel.get_by_role("heading", name="Discover machines")).to_be_visible()
+    panel.get_by_role("button", name="Add another BMC").click()
+    expect(panel.locator("fieldset.discovery-row")).to_have_count(2)
+
+    with StaticBmc() as bmc:
+        first = panel.locator("fieldset.discovery-row").first
+        first.get_by_label("BMC address").fill(bmc.url)
+        first.get_by_label("User").fill("admin")
+        first.get_by_label("GPU model").fill("H100-SXM5-80GB")
+        first.get_by_label("Fabric").select_option("nvswitch")
+        panel.get_by_role("button", name="Discover", exact=True).click()
+        expect(first.locator(".field-password .field-error")).to_have_text("Password: is required")
+        expect(panel.locator("fieldset.discovery-row")).to_have_count(1)  # the empty row left out
+        expect(panel.locator(".discovery-passwords")).to_contain_text("type them again")
+        first.get_by_label("Password").fill(PASSWORD)
+        panel.get_by_role("button", name="Discover", exact=True).click()
+
+        lines = panel.locator(".change-lines")
+        expect(lines).to_contain_text(
+            "would create node east/h100-001: 8 x H100-SXM5-80GB nvswitch",
+            timeout=60_000,  # the worker reads the BMC; the panel polls every 2 s
+        )
+        expect(panel.get_by_role("button", name="Apply")).to_be_visible()
+        expect(panel.locator(".discovery-list tr.discovery-listed")).to_have_count(1)
+        both_widths(page, "cluster-discovery")
+
+        page.once("dialog", lambda dialog: dialog.accept())
+        panel.get_by_role("button", name="Apply").click()
+        expect(panel.locator(".alert-ok")).to_contain_text("created 1 node", timeout=60_000)
+    expect(panel.locator(".discovery-state-applied")).to_have_text("Applied")
+    node = Node.objects.get(hostname="h100-001")
+    assert node.gpus.count() == 8, worker.log()
+    assert BmcCredential.objects.filter(node=node).exists()
