@@ -182,11 +182,11 @@ def test_a_lost_apply_is_sent_again_by_the_beat_and_applied_once_by_real_workers
         what="the apply",
         log=logs,
     )
-    idle = lambda: (
-        not any(  # noqa: E731
-            m["headers"]["task"] == "bmc.discover" for m in queue_in_flight(celery_queue).values()
-        )
-    )
+
+    def idle() -> bool:
+        messages = queue_in_flight(celery_queue).values()
+        return not any(m["headers"]["task"] == "bmc.discover" for m in messages)
+
     wait_for(idle, timeout=30, what="the late message", log=logs)
     node_created_once()
     assert DiscoveryRun.objects.get(pk=applying.pk).problems == []
