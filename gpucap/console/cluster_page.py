@@ -1,9 +1,11 @@
 """What the cluster page shows (`gpucap.console.views.cluster_detail`, and the answers of its
-panels, `gpucap.console.cluster_discovery`): the fleet's read of the cluster and the
-"Discover machines" panel (`gpucap.console.discovery_panel`)."""
+panels, `gpucap.console.cluster_discovery` and `cluster_recovery`): the fleet's read of the
+cluster, its recovery policy (`gpucap.console.recovery_policy_panel`) and the "Discover
+machines" panel (`gpucap.console.discovery_panel`)."""
 
 from gpucap.bmc.models import DiscoveryRun
 from gpucap.console.discovery_panel import DiscoveryRows, discovery_context
+from gpucap.console.recovery_policy_panel import recovery_policy_context
 from gpucap.fleet import selectors
 
 
@@ -19,5 +21,6 @@ def cluster_context(
         "nav": "fleet",
         "page": page,
         "cluster": page.cluster,
+        **recovery_policy_context(page.cluster),
         **discovery_context(page.cluster, run=run, rows=rows),
     }

@@ -3,6 +3,7 @@ from django.urls import path
 from gpucap.console import (
     bmc_panel,
     cluster_discovery,
+    cluster_recovery,
     dedication,
     provisioning,
     recovery,
@@ -58,6 +59,11 @@ urlpatterns = [
     ),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("clusters/<slug:name>/", views.cluster_detail, name="cluster-detail"),
+    path(
+        "clusters/<slug:name>/recovery-policy/",
+        cluster_recovery.cluster_recovery_policy,
+        name="cluster-recovery-policy",
+    ),
     path(
         "clusters/<slug:name>/discover/",
         cluster_discovery.cluster_discover,

@@ -3,14 +3,16 @@ system id told next to its field, the password never filled back, TLS verificati
 shown in red, Remove after its confirmation); the cluster page's "Discover machines" (a row
 added, a missing password told next to its field, then a REAL Celery worker reads the emulated
 GPU server while the panel polls, the preview, Apply through its confirmation, the node
-created). Screenshots at desktop (1400 px) and phone (390 px) width; on a phone nothing scrolls
-sideways."""
+created); the cluster's recovery policy (a value out of range told next to its field, turning
+the automatic power cycle on confirmed, then shown). Screenshots at desktop (1400 px) and phone
+(390 px) width; on a phone nothing scrolls sideways."""
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from gpucap.bmc.models import BmcCredential
 from gpucap.bmc.passwords import password_open
+from gpucap.bmc.recovery_models import RecoveryPolicy
 from gpucap.fleet import services as fleet
 from gpucap.fleet.models import Cluster, Node
 from tests.bmc.conftest import TEST_KEY
@@ -131,3 +133,35 @@ def test_discover_machines_from_the_cluster_page(page, operator, east, workers):
     node = Node.objects.get(hostname="h100-001")
     assert node.gpus.count() == 8, worker.log()
     assert BmcCredential.objects.filter(node=node).exists()
+
+
+def test_the_recovery_policy_on_the_cluster_page(page, operator, east):
+    log_in(page, operator.username)
+    page.goto("/fleet/clusters/east/")
+    panel = page.locator("#cluster-recovery")
+    expect(panel.locator(".recovery-policy-now")).to_contain_text("Manual")
+
+    panel.get_by_label("Max attempts").fill("50")
+    panel.get_by_role("button", name="Save policy").click()
+    expect(panel.locator(".field-max_attempts .field-error")).to_have_text(
+        "Max attempts: must be between 1 and 20, got 50"
+    )
+    both_widths(page, "cluster-recovery-policy-error")
+
+    panel.get_by_label("Max attempts").fill("5")
+    panel.get_by_label("Grace (seconds)").fill("300")
+    panel.get_by_label("Power-cycle down nodes automatically").check()
+    panel.get_by_role("button", name="Save policy").click()
+    expect(panel.locator(".policy-confirm")).to_contain_text(
+        "Turn on automatic power cycles for east?"
+    )
+    assert not RecoveryPolicy.objects.exists()  # nothing saved before the confirmation
+    both_widths(page, "cluster-recovery-policy-confirm")
+
+    panel.get_by_role("button", name="Turn on automatic power cycles").click()
+    expect(panel.locator(".policy-saved")).to_have_text("Recovery policy saved.")
+    expect(panel.locator(".recovery-policy-now")).to_contain_text(
+        "Automatic A node down for 300 s is power-cycled through its BMC"
+    )
+    saved = RecoveryPolicy.objects.get(cluster=east)
+    assert (saved.auto_power_cycle, saved.grace_seconds, saved.max_attempts) == (True, 300, 5)

@@ -166,6 +166,7 @@ def test_the_walk_finds_the_routes_of_every_kind():
         "/fleet/nodes/<cluster>/<hostname>/bmc/discoveries/<run_id>/apply/",
         "/fleet/nodes/<cluster>/<hostname>/bmc/credentials/",
         "/fleet/nodes/<cluster>/<hostname>/bmc/credentials/delete/",
+        "/fleet/clusters/<name>/recovery-policy/",
         "/fleet/clusters/<name>/discover/",
         "/fleet/clusters/<name>/discover/row/",
         "/fleet/clusters/<name>/discoveries/<run_id>/",
