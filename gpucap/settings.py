@@ -300,6 +300,15 @@ RECOVERY_TICK_SECONDS = env_int("RECOVERY_TICK_SECONDS", 15, minimum=1)
 RECOVERY_POWER_OFF_TIMEOUT_SECONDS = env_int("RECOVERY_POWER_OFF_TIMEOUT_SECONDS", 120, minimum=1)
 RECOVERY_POLL_SECONDS = env_int("RECOVERY_POLL_SECONDS", 5, minimum=1)
 RECOVERY_BACKOFF_SECONDS = env_int("RECOVERY_BACKOFF_SECONDS", 60, minimum=0)
+# Discoveries through the API and the pages (docs/bmc.md, "Lost and expired discoveries"): how
+# often the beat looks for runs whose worker or message was lost, how long a run may show no
+# progress (a worker shows some after each BMC it reads) before its task is sent again, how
+# many sends it gets before it is failed, and how long a preview may wait to be applied (then it
+# expires and its sealed passwords are dropped).
+BMC_DISCOVERY_RECOVER_SECONDS = env_int("BMC_DISCOVERY_RECOVER_SECONDS", 60, minimum=1)
+BMC_DISCOVERY_STALE_SECONDS = env_int("BMC_DISCOVERY_STALE_SECONDS", 300, minimum=1)
+BMC_DISCOVERY_MAX_ATTEMPTS = env_int("BMC_DISCOVERY_MAX_ATTEMPTS", 3, minimum=1)
+BMC_DISCOVERY_PREVIEW_TTL_SECONDS = env_int("BMC_DISCOVERY_PREVIEW_TTL_SECONDS", 3600, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sessions-clear": {
         "task": "gpucap.sessions_clear",
@@ -372,6 +381,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "bmc.hypervisor_watch",
         "schedule": float(HYPERVISOR_WATCH_SECONDS),
         "options": {"expires": float(HYPERVISOR_WATCH_SECONDS)},
+    },
+    # Discoveries whose worker or message was lost are sent again (or failed), and previews
+    # left unapplied expire (gpucap.bmc.discovery_upkeep).
+    "bmc-discoveries-recover": {
+        "task": "bmc.discoveries_recover",
+        "schedule": float(BMC_DISCOVERY_RECOVER_SECONDS),
+        "options": {"expires": float(BMC_DISCOVERY_RECOVER_SECONDS)},
     },
     # Down nodes power-cycled through their BMC where the cluster's policy says so, and booting
     # ones brought back once their hypervisor answers (gpucap.bmc.power_cycle).

@@ -8,7 +8,8 @@
 - ``POST /api/bmc/discoveries/{id}/apply/``: 202, ``applying``; the worker reads the BMCs again
   and applies only the previewed changes. The run ends ``applied``, or ``refused`` with
   ``fresh_run``, the preview of what the BMCs say now (apply that one), or ``failed``.
-  Applying a run that is not a preview is a 409; a refused one's 409 carries ``fresh_run``.
+  Applying a run that is not a preview is a 409; a refused one's 409 carries ``fresh_run``; a
+  preview older than ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS`` has expired (409 ``expired``).
 - ``GET``/``PUT``/``DELETE /api/nodes/{id}/bmc/``: the node's BMC credentials. The password is
   write-only: an answer says ``password_set`` and when it was set, never the password.
 
@@ -277,8 +278,9 @@ class DiscoveryApplyView(OperatorCommand):
                 StaleDiscoveryErrorSerializer,
                 description="Not a preview (any more); nothing done. `stale_preview`: the "
                 "BMCs changed since the preview, which was refused; `fresh_run` is the "
-                "preview of what they say now. Also `not_ready`, `applying`, "
-                "`applied_already`, `failed`.",
+                "preview of what they say now. `expired`: the preview was not applied within "
+                "BMC_DISCOVERY_PREVIEW_TTL_SECONDS; discover again. Also `not_ready`, "
+                "`applying`, `applied_already`, `failed`.",
             ),
         },
         operation_id="bmc_discoveries_apply",

@@ -14,14 +14,19 @@ by an operator, carried out by the Celery task ``bmc.discover``, never in a web 
 Passwords given with the entries are sealed in the run until it ends, then dropped; a node's
 entry reads the node's stored credentials at each read. Reading twice (a message delivered
 again, two workers) is harmless: a run changes state by conditional updates, and the apply
-holds the run's row.
+holds the run's row. A worker marks the run's progress when it takes it and after each BMC;
+a run that shows none for ``BMC_DISCOVERY_STALE_SECONDS`` is sent again or failed, and a
+preview not applied within ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS`` expires, its passwords
+dropped (`gpucap.bmc.discovery_upkeep`).
 """
 
 import logging
 import re
+from datetime import datetime, timedelta
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -114,18 +119,40 @@ def node_rediscover(*, node: Node, actor: Actor = None) -> DiscoveryRun:
     return run
 
 
-@transaction.atomic
 def discovery_apply_request(*, run: DiscoveryRun, actor: Actor = None) -> DiscoveryRun:
     """Apply a previewed run: a worker reads the BMCs again and applies the changes if they
-    are still the previewed ones. ``Conflict`` when the run is not a preview (any more)."""
-    asked = DiscoveryRun.objects.filter(pk=run.pk, state=State.PREVIEWED).update(
-        state=State.APPLYING, applied_by=_user(actor), apply_requested_at=timezone.now()
-    )
-    run = DiscoveryRun.objects.select_related("fresh_run").get(pk=run.pk)
-    if not asked:
-        raise not_appliable(run)
-    enqueue_on_commit(TASK, run.pk)
+    are still the previewed ones. ``Conflict`` when the run is not a preview (any more); a
+    preview older than ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS`` expires now and is not applied."""
+    now = timezone.now()
+    previews_expire(now=now, run_id=run.pk)  # its own transaction: it stays expired
+    with transaction.atomic():
+        asked = DiscoveryRun.objects.filter(
+            pk=run.pk, state=State.PREVIEWED, read_at__gte=_expired_before(now)
+        ).update(
+            state=State.APPLYING,
+            applied_by=_user(actor),
+            apply_requested_at=now,
+            progress_at=now,
+            sends=1,
+        )
+        run = DiscoveryRun.objects.select_related("fresh_run").get(pk=run.pk)
+        if not asked:
+            raise not_appliable(run)
+        enqueue_on_commit(TASK, run.pk)
     return run
+
+
+def previews_expire(*, now: datetime, run_id: int | None = None) -> int:
+    """Previews older than ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS`` expire: nothing can apply
+    them, and their sealed passwords are dropped. How many did (of ``run_id`` alone, if given)."""
+    overdue = DiscoveryRun.objects.filter(state=State.PREVIEWED, read_at__lt=_expired_before(now))
+    if run_id is not None:
+        overdue = overdue.filter(pk=run_id)
+    return overdue.update(state=State.EXPIRED, passwords_sealed=[], finished_at=now)
+
+
+def _expired_before(now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.BMC_DISCOVERY_PREVIEW_TTL_SECONDS)
 
 
 def not_appliable(run: DiscoveryRun) -> Conflict:
@@ -143,6 +170,7 @@ def not_appliable(run: DiscoveryRun) -> Conflict:
         State.APPLYING: ("is being applied already", "applying"),
         State.APPLIED: ("was applied already", "applied_already"),
         State.FAILED: ("has problems and cannot be applied; fix them and discover again", "failed"),
+        State.EXPIRED: ("was not applied in time: the preview expired; discover again", "expired"),
     }
     text, code = words[run.state]
     return Conflict(f"discovery {run.pk} {text}", code=code)
@@ -153,13 +181,15 @@ def discovery_carry_out(*, run_id: int, read=inventory_read) -> Outcome:
     or applying (apply it if it still holds). A database that is away raises (the task
     retries); any other error ends the run failed, saying so."""
     run = DiscoveryRun.objects.filter(pk=run_id).first()
-    if run is None or run.state not in DiscoveryRun.ACTIVE:
+    if run is None or run.state not in DiscoveryRun.ACTIVE or not _progress(run):
         return Outcome.NOTHING
     try:
-        readings = discovery_read(_entries(run), read=read)
+        readings = discovery_read(_entries(run), read=_showing_progress(run, read))
         if run.state == State.READING:
             return _previewed(run, discovery_compare(readings, dry_run=True))
         return _apply(run.pk, readings)
+    except _Gone:
+        return Outcome.NOTHING
     except DiscoveryError as error:
         return _failed(run, error.problems)
     except (OperationalError, InterfaceError):
@@ -180,6 +210,30 @@ def run_result(run: DiscoveryRun) -> ApplyResult:
 
 
 # --- carrying a run out -------------------------------------------------------------------------
+
+
+class _Gone(Exception):
+    """The run is no longer in the state this worker took it in (failed as lost, or carried
+    out by another worker): this one stops reading."""
+
+
+def _progress(run: DiscoveryRun) -> bool:
+    """Mark that a worker is at work on ``run``; False when it is not in its state any more."""
+    marked = DiscoveryRun.objects.filter(pk=run.pk, state=run.state).update(
+        progress_at=timezone.now()
+    )
+    return marked == 1
+
+
+def _showing_progress(run: DiscoveryRun, read):
+    def read_one(target):
+        try:
+            return read(target)
+        finally:  # a BMC that refused is progress too
+            if not _progress(run):
+                raise _Gone  # the run is gone: what the BMC said no longer matters
+
+    return read_one
 
 
 def _entries(run: DiscoveryRun) -> list[DiscoveryEntry]:

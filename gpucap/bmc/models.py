@@ -8,6 +8,7 @@ to tenants are ``gpucap.bmc.bare_metal_models``' (imported at the end, so the ap
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from gpucap.fleet.models import Node
 
@@ -76,7 +77,8 @@ class DiscoveryRun(models.Model):
     through the API and the node page"): the BMCs read by a worker (``bmc.discover``), the
     changes previewed, then, when an operator applies it, read again and applied only if the
     changes are still the previewed ones (``digest``); otherwise refused, with the fresh
-    preview as a run of its own (``fresh_run``).
+    preview as a run of its own (``fresh_run``). A preview not applied within
+    ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS`` expires.
 
     ``entries`` never hold a password. The passwords given with the entries wait for the apply
     sealed (``gpucap.bmc.passwords``), one token per entry in ``passwords_sealed`` ("" for a
@@ -90,9 +92,10 @@ class DiscoveryRun(models.Model):
         APPLIED = "applied", "Applied"
         REFUSED = "refused", "Refused: the BMCs changed since the preview"
         FAILED = "failed", "Problems: nothing applied"
+        EXPIRED = "expired", "Expired: discover again"
 
     ACTIVE = (State.READING, State.APPLYING)
-    ENDED = (State.APPLIED, State.REFUSED, State.FAILED)
+    ENDED = (State.APPLIED, State.REFUSED, State.FAILED, State.EXPIRED)
 
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -131,6 +134,15 @@ class DiscoveryRun(models.Model):
     read_at = models.DateTimeField(null=True, blank=True)
     apply_requested_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A run whose worker or message was lost shows no progress: the beat's
+    # bmc.discoveries_recover sends it again, or fails it (gpucap.bmc.discovery_upkeep).
+    progress_at = models.DateTimeField(
+        default=timezone.now,
+        help_text="When the run last showed progress: its task sent, or a BMC read.",
+    )
+    sends = models.PositiveSmallIntegerField(
+        default=1, help_text="How often its task was sent for the state it is in."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -138,7 +150,15 @@ class DiscoveryRun(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(
-                    state__in=["reading", "previewed", "applying", "applied", "refused", "failed"]
+                    state__in=[
+                        "reading",
+                        "previewed",
+                        "applying",
+                        "applied",
+                        "refused",
+                        "failed",
+                        "expired",
+                    ]
                 ),
                 name="discoveryrun_state_valid",
             ),
@@ -153,7 +173,8 @@ class DiscoveryRun(models.Model):
             ),
             # A run that ended keeps no password, not even sealed.
             models.CheckConstraint(
-                condition=~Q(state__in=["applied", "refused", "failed"]) | Q(passwords_sealed=[]),
+                condition=~Q(state__in=["applied", "refused", "failed", "expired"])
+                | Q(passwords_sealed=[]),
                 name="discoveryrun_ended_keeps_no_password",
             ),
         ]

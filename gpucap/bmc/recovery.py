@@ -241,7 +241,7 @@ def recovery_policy_set(*, cluster: Cluster, actor: Actor, **values) -> Recovery
     """Set some of the cluster's policy (``auto_power_cycle``, ``grace_seconds``,
     ``max_attempts``, ``boot_timeout_seconds``); the rest keeps its value. Every problem is
     named by its field and nothing changes. Setting what is set already writes nothing."""
-    errors = _policy_problems(values)
+    errors = policy_problems(values)
     if errors:
         raise ValidationError(errors)
     Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
@@ -269,7 +269,8 @@ _POLICY_RANGES = {
 }
 
 
-def _policy_problems(values: dict) -> dict[str, str]:
+def policy_problems(values: dict) -> dict[str, str]:
+    """What is wrong with some values of a recovery policy, by field (none: they will do)."""
     errors = {}
     for name, value in values.items():
         if name == "auto_power_cycle":

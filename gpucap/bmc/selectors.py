@@ -1,5 +1,5 @@
-"""Reads shared by the pages (the node page's BMC and provisioning panels) and the API, each a
-fixed number of queries."""
+"""Reads shared by the pages (the node page's BMC and provisioning panels, the cluster page's
+discoveries) and the API, each a fixed number of queries."""
 
 from collections import Counter
 from dataclasses import dataclass
@@ -78,6 +78,30 @@ def bmc_panel(node: Node) -> BmcPanel:
         lines=tuple(result.lines()) if result else (),
         summary=result.summary() if result else "",
         can_rediscover=bool(node.bmc_address) and credential is not None,
+    )
+
+
+# --- discoveries of a cluster (its page) -------------------------------------------------------
+
+RECENT_DISCOVERIES = 10  # runs the cluster page lists
+
+
+def discoveries_of_cluster(cluster: str, *, limit: int = RECENT_DISCOVERIES) -> list[DiscoveryRun]:
+    """The runs that read a BMC of ``cluster`` (named by any of their entries: the page's, the
+    API's, a node's Rediscover), newest first, with who asked. One query."""
+    return list(
+        DiscoveryRun.objects.filter(entries__contains=[{"cluster": cluster}])
+        .select_related("requested_by")
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
+def discovery_of_cluster(cluster: str, run_id: int) -> DiscoveryRun | None:
+    """Run ``run_id`` if it read a BMC of ``cluster``, with its fresh run. One query."""
+    return (
+        DiscoveryRun.objects.filter(pk=run_id, entries__contains=[{"cluster": cluster}])
+        .select_related("requested_by", "applied_by", "fresh_run")
+        .first()
     )
 
 

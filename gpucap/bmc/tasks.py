@@ -5,6 +5,11 @@ runs in a task, never in a web request (docs/bmc.md).
   if the BMCs still say what the preview showed (`gpucap.bmc.discovery_runs`). A database
   that is away is retried with backoff; a BMC that does not answer is a problem named on the
   run at once (the operator discovers again), not a retry loop.
+- ``bmc.discoveries_recover`` (beat, every ``BMC_DISCOVERY_RECOVER_SECONDS``) sends a
+  discovery again when its worker or message was lost (no progress for
+  ``BMC_DISCOVERY_STALE_SECONDS``), fails it after ``BMC_DISCOVERY_MAX_ATTEMPTS`` sends, and
+  expires previews older than ``BMC_DISCOVERY_PREVIEW_TTL_SECONDS``
+  (``gpucap.bmc.discovery_upkeep``).
 - ``bmc.hypervisor_watch`` (beat, every ``HYPERVISOR_WATCH_SECONDS``) probes the hypervisors of
   the nodes that are not down and marks down those silent for ``NODE_DOWN_AFTER_SECONDS``
   (``gpucap.bmc.hypervisor_watch``).
@@ -21,6 +26,7 @@ runs in a task, never in a web request (docs/bmc.md).
   the lock taken leaves the run to the step holding it.
 """
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,6 +37,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from gpucap import locks
 from gpucap.bmc import discovery_runs, provisioning
+from gpucap.bmc import discovery_upkeep as upkeep
 from gpucap.bmc import power_cycle as cycles
 from gpucap.bmc.hypervisor_watch import hypervisor_watch as watch
 
@@ -44,6 +51,12 @@ def discover(self, run_id: int) -> str:
             factor=1, retries=self.request.retries, maximum=60, full_jitter=True
         )
         raise self.retry(exc=exc, countdown=countdown) from exc
+
+
+@shared_task(name="bmc.discoveries_recover")
+def discoveries_recover() -> dict:
+    """Returns the runs sent again and failed, and how many previews expired."""
+    return dataclasses.asdict(upkeep.discoveries_recover())
 
 
 @shared_task(name="bmc.hypervisor_watch")

@@ -7,7 +7,7 @@ from django import forms
 
 from gpucap.audit.selectors import events_for
 from gpucap.bmc.recovery_selectors import recovery_panel
-from gpucap.bmc.selectors import bmc_panel
+from gpucap.console.bmc_forms import bmc_context
 from gpucap.console.provisioning_panel import provisioning_context
 from gpucap.fleet import selectors
 from gpucap.fleet.models import Node
@@ -48,7 +48,7 @@ def node_context(tile: selectors.NodeTile, *, dedicate_form: DedicateForm | None
         # A shared node: the form; a dedicated one: other tenants' VMs still on it.
         "dedicate_form": dedicate_form or DedicateForm(),
         "dedication_holders": dedication_holders(node) if node.dedicated_tenant_id else None,
-        "bmc": bmc_panel(node),  # console/node_bmc.html
+        **bmc_context(node),  # console/node_bmc.html
         "recovery": recovery_panel(node),
         **provisioning_context(node),
     }

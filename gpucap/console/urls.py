@@ -3,6 +3,8 @@ from django.urls import path
 from gpucap.console import (
     bare_metal,
     bmc_panel,
+    cluster_discovery,
+    cluster_recovery,
     dedication,
     provisioning,
     recovery,
@@ -78,6 +80,31 @@ urlpatterns = [
         bare_metal.image_delete,
         name="bare-metal-image-delete",
     ),
+    path(
+        "clusters/<slug:name>/recovery-policy/",
+        cluster_recovery.cluster_recovery_policy,
+        name="cluster-recovery-policy",
+    ),
+    path(
+        "clusters/<slug:name>/discover/",
+        cluster_discovery.cluster_discover,
+        name="cluster-discover",
+    ),
+    path(
+        "clusters/<slug:name>/discover/row/",
+        cluster_discovery.cluster_discover_row,
+        name="cluster-discover-row",
+    ),
+    path(
+        "clusters/<slug:name>/discoveries/<int:run_id>/",
+        cluster_discovery.cluster_discovery,
+        name="cluster-discovery",
+    ),
+    path(
+        "clusters/<slug:name>/discoveries/<int:run_id>/apply/",
+        cluster_discovery.cluster_discovery_apply,
+        name="cluster-discovery-apply",
+    ),
     path("nodes/<slug:cluster>/<str:hostname>/", views.node_detail, name="node-detail"),
     path("nodes/<slug:cluster>/<str:hostname>/cordon/", views.node_cordon, name="node-cordon"),
     path(
@@ -110,6 +137,16 @@ urlpatterns = [
         name="node-bare-metal-end",
     ),
     path("nodes/<slug:cluster>/<str:hostname>/bmc/", bmc_panel.node_bmc, name="node-bmc"),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/credentials/",
+        bmc_panel.node_bmc_credentials,
+        name="node-bmc-credentials",
+    ),
+    path(
+        "nodes/<slug:cluster>/<str:hostname>/bmc/credentials/delete/",
+        bmc_panel.node_bmc_credentials_delete,
+        name="node-bmc-credentials-delete",
+    ),
     path(
         "nodes/<slug:cluster>/<str:hostname>/bmc/rediscover/",
         bmc_panel.node_rediscover,

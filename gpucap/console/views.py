@@ -17,6 +17,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from gpucap.console.cluster_page import cluster_context
 from gpucap.console.node_page import node_context
 from gpucap.console.schedule import schedule_context
 from gpucap.errors import Conflict
@@ -80,8 +81,9 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 @operator_required
 def cluster_detail(request: HttpRequest, name: str) -> HttpResponse:
     """A cluster: its driver and settings (a rig whose VMs get no GPUs says so loudly), its
-    nodes with their guest networks, its sets and its image catalogue."""
-    context = {"nav": "fleet", "page": selectors.cluster_page(name=name)}
+    nodes with their guest networks, its sets, its image catalogue, and the discovery of
+    machines by their BMCs (`gpucap.console.cluster_discovery`)."""
+    context = cluster_context(selectors.cluster_page(name=name))
     return render(request, "console/cluster_detail.html", context)
 
 

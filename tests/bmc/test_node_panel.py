@@ -67,7 +67,7 @@ def test_the_panel_shows_how_gpucap_reaches_the_bmc_and_the_inventory(node, oper
     assert f"<code>{node.bmc_address}</code>" in panel
     assert "<code>admin</code>" in panel
     assert "password set" in panel and PASSWORD not in page
-    assert "certificate verified" in panel and "TLS not verified" not in panel
+    assert "certificate verified" in panel and "bad tls-off" not in panel
     assert "Contoso GS-8H100" in panel and "S8H1000421" in panel
     assert "2 \N{MULTIPLICATION SIGN} Intel(R) Xeon(R) Platinum 8480+" in panel
     assert "2048 GiB" in panel
