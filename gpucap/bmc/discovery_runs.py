@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from gpucap.audit.services import Actor
@@ -126,9 +127,8 @@ def discovery_apply_request(*, run: DiscoveryRun, actor: Actor = None) -> Discov
     now = timezone.now()
     previews_expire(now=now, run_id=run.pk)  # its own transaction: it stays expired
     with transaction.atomic():
-        asked = DiscoveryRun.objects.filter(
-            pk=run.pk, state=State.PREVIEWED, read_at__gte=_expired_before(now)
-        ).update(
+        in_time = Q(read_at__gte=_expired_before(now)) | Q(read_at__isnull=True)
+        asked = DiscoveryRun.objects.filter(in_time, pk=run.pk, state=State.PREVIEWED).update(
             state=State.APPLYING,
             applied_by=_user(actor),
             apply_requested_at=now,
