@@ -29,3 +29,20 @@ def audit_record(
         after=after or {},
         message=message,
     )
+
+
+def audit_changes(
+    *, actor: Actor, verb: str, target: models.Model, before: dict, after: dict
+) -> AuditEvent | None:
+    """Append one audit event holding only the fields whose shown value changed from
+    ``before`` to ``after`` (None, and nothing recorded, when none did)."""
+    changed = [field for field in after if after[field] != before.get(field)]
+    if not changed:
+        return None
+    return audit_record(
+        actor=actor,
+        verb=verb,
+        target=target,
+        before={field: before.get(field) for field in changed},
+        after={field: after[field] for field in changed},
+    )

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
 
-from gpucap.audit.services import Actor, audit_record
+from gpucap.audit.services import Actor, audit_changes, audit_record
 from gpucap.bmc.models import BareMetalImage
 from gpucap.errors import Conflict
 from gpucap.fleet.models import IMAGE_NAME_PATTERN, Cluster
@@ -61,13 +61,8 @@ def bare_metal_image_update(
     if after == before:
         return image
     image.save()
-    changed = [field for field in after if after[field] != before[field]]
-    audit_record(
-        actor=actor,
-        verb="bare_metal_image.update",
-        target=image,
-        before={field: before[field] for field in changed},
-        after={field: after[field] for field in changed},
+    audit_changes(
+        actor=actor, verb="bare_metal_image.update", target=image, before=before, after=after
     )
     return image
 

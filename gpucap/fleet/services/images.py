@@ -7,7 +7,7 @@ import re
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from gpucap.audit.services import Actor, audit_record
+from gpucap.audit.services import Actor, audit_changes, audit_record
 from gpucap.fleet.models import IMAGE_NAME_PATTERN, LOGIN_USER_PATTERN, Cluster, Image, Node
 
 # What an operator may change on an image, with the default of each on a new image.
@@ -65,14 +65,7 @@ def image_update(*, image: Image, actor: Actor = None, **fields) -> Image:
     if after == before:
         return image
     image.save()
-    changed = [field for field in after if after[field] != before[field]]
-    audit_record(
-        actor=actor,
-        verb="image.update",
-        target=image,
-        before={field: before[field] for field in changed},
-        after={field: after[field] for field in changed},
-    )
+    audit_changes(actor=actor, verb="image.update", target=image, before=before, after=after)
     return image
 
 
