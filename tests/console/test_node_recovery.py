@@ -44,8 +44,8 @@ def test_a_ready_nodes_page_says_there_is_nothing_to_recover(operator_client, fl
     assert "Nothing to recover: the node is ready." in shown
     assert "Power-cycle" not in shown
     assert (
-        "Cluster east: no automatic power cycle · at most 3 failed in a row · boot timeout "
-        "900 s" in shown
+        'Cluster <a href="/fleet/clusters/east/#cluster-recovery">east</a>: no automatic power '
+        "cycle · at most 3 failed in a row · boot timeout 900 s" in shown
     )
 
 
