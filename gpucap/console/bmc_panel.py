@@ -27,11 +27,13 @@ TEMPLATE = "console/node_bmc.html"
 @require_GET
 @operator_required
 def node_bmc(request: HttpRequest, cluster: str, hostname: str) -> HttpResponse:
-    """The panel alone: what it polls while a discovery is being read or applied."""
+    """The panel alone: what it polls while a discovery is being read or applied. The poll
+    keeps the credentials form the page already shows (``hx-preserve``): an operator typing in
+    it while a Rediscover is read loses nothing."""
     node = _node(cluster, hostname)
     if not wants_fragment(request):
         return redirect("fleet:node-detail", cluster=cluster, hostname=hostname)
-    return _panel(request, node)
+    return _panel(request, node, keep_form=True)
 
 
 @require_POST
@@ -112,11 +114,17 @@ def _panel(
     notice: str = "",
     form: BmcCredentialForm | None = None,
     status: int = 200,
+    keep_form: bool = False,
 ):
     """The panel for an HTMX swap; the whole node page (with the panel's error) otherwise."""
     said = {"bmc_error": error, "bmc_notice": notice}
     if wants_fragment(request):
-        context = {"node": node, **bmc_context(node, form=form), **said}
+        context = {
+            "node": node,
+            **bmc_context(node, form=form),
+            **said,
+            "keep_credentials_form": keep_form,
+        }
         response = render(request, TEMPLATE, context, status=status)
     else:
         tile = selectors.node_with_gpus(cluster=node.cluster.name, hostname=node.hostname)

@@ -2,8 +2,9 @@
 shows how gpucap reaches the emulated GPU server's BMC ("TLS not verified" in red) and the
 inventory it gave; the failed card has been swapped for a healthy one, so Rediscover (the
 worker reads the BMC while the panel polls) previews "GPU 5 health failed -> ok", and Apply,
-through its confirmation, has the worker read it again and apply it. Screenshots at desktop
-and phone width are saved."""
+through its confirmation, has the worker read it again and apply it. A credentials form half
+typed while the panel polls is left as it was. Screenshots at desktop and phone width are
+saved."""
 
 import json
 
@@ -67,12 +68,21 @@ def test_rediscover_previews_and_applies_through_a_worker(page, operator, node, 
     expect(panel.locator("tr.bmc-gpu").nth(5)).to_contain_text("BMC: Critical")
 
     panel.get_by_role("button", name="Rediscover").click()
+    expect(panel.locator(".discovery")).to_be_visible()
+    # An operator starts changing the credentials while the BMC is read: the panel's polls
+    # leave the half-typed form as it is.
+    panel.locator(".bmc-credentials summary").click()
+    panel.locator(".bmc-credentials-form input[name=username]").fill("typed-while-polling")
     lines = panel.locator(".change-lines")
     expect(lines).to_contain_text(
         "would update node east/h100-001: GPU 5 health failed -> ok (BMC: OK); inventory changed",
         timeout=60_000,  # the worker reads the BMC; the panel polls every 2 s
     )
     expect(panel.get_by_role("button", name="Apply")).to_be_visible()
+    expect(panel.locator(".bmc-credentials-form input[name=username]")).to_have_value(
+        "typed-while-polling"
+    )
+    panel.locator(".bmc-credentials summary").click()
     screenshot(page, "node-bmc-panel")
 
     page.set_viewport_size({"width": 390, "height": 844})
