@@ -2,8 +2,6 @@
 for tenants renting its machines whole to re-image them with (virtual media boots the image's
 URL). Every change is checked first, atomic and audited."""
 
-import re
-
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
@@ -11,14 +9,14 @@ from django.db import transaction
 from gpucap.audit.services import Actor, audit_changes, audit_record
 from gpucap.bmc.models import BareMetalImage
 from gpucap.errors import Conflict
-from gpucap.fleet.models import IMAGE_NAME_PATTERN, Cluster
+from gpucap.fleet import services as fleet
+from gpucap.fleet.models import Cluster
 from gpucap.inputs import text_problem
 
 # What an operator may change on an image, with the default of each on a new one.
 IMAGE_FIELDS = {"image_url": "", "description": "", "enabled": True}
 URL_MAX_LENGTH = 500
 DESCRIPTION_MAX_LENGTH = 2000
-_NAME = re.compile(IMAGE_NAME_PATTERN)
 
 
 @transaction.atomic
@@ -29,13 +27,14 @@ def bare_metal_image_create(
     ``IMAGE_FIELDS``; ``image_url`` is required)."""
     values = {**IMAGE_FIELDS, **fields}
     errors = image_problems(values, unknown=set(fields) - set(IMAGE_FIELDS))
-    if not isinstance(name, str) or not _NAME.match(name):
-        errors["name"] = (
-            "must be 1-64 lowercase letters, digits, '.', '_' or '-', starting and ending with "
-            "a letter or digit (e.g. ubuntu-24.04-server)"
-        )
-    elif BareMetalImage.objects.filter(cluster=cluster, name=name).exists():
-        errors["name"] = f"cluster {cluster.name} already has a bare-metal image named {name!r}"
+    if problem := fleet.image_name_problem(
+        BareMetalImage,
+        cluster=cluster,
+        name=name,
+        example="ubuntu-24.04-server",
+        what="a bare-metal image",
+    ):
+        errors["name"] = problem
     if errors:
         raise ValidationError(errors)
     image = BareMetalImage.objects.create(cluster=cluster, name=name, **values)

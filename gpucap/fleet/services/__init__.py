@@ -26,7 +26,12 @@ from gpucap.fleet.services.fabric import (
     node_set_module_ids,
 )
 from gpucap.fleet.services.gpus import gpu_replace
-from gpucap.fleet.services.images import image_create, image_delete, image_update
+from gpucap.fleet.services.images import (
+    image_create,
+    image_delete,
+    image_name_problem,
+    image_update,
+)
 from gpucap.fleet.services.node_states import (
     node_cordon,
     node_recovered,
@@ -70,6 +75,7 @@ __all__ = [
     "gpu_set_module_id",
     "image_create",
     "image_delete",
+    "image_name_problem",
     "image_update",
     "lock_set",
     "node_cordon",

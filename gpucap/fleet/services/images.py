@@ -28,18 +28,28 @@ _USER = re.compile(LOGIN_USER_PATTERN)
 _BASE = re.compile(r"^[A-Za-z0-9_./:@+-]{1,500}$")
 
 
+def image_name_problem(model, *, cluster: Cluster, name: object, example: str, what: str):
+    """Why ``name`` cannot name a new image of a cluster's catalogue (``model``: the VMs'
+    ``Image`` or bare metal's ``BareMetalImage``, ``what`` it is called in the error), or None."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        return (
+            "must be 1-64 lowercase letters, digits, '.', '_' or '-', starting and ending with "
+            f"a letter or digit (e.g. {example})"
+        )
+    if model.objects.filter(cluster=cluster, name=name).exists():
+        return f"cluster {cluster.name} already has {what} named {name!r}"
+    return None
+
+
 @transaction.atomic
 def image_create(*, cluster: Cluster, name: str, actor: Actor = None, **fields) -> Image:
     """Add an image to a cluster's catalogue. ``fields`` are those of ``IMAGE_FIELDS``."""
     values = {**IMAGE_FIELDS, **fields}
     errors = image_problems(cluster=cluster, values=values, unknown=set(fields) - set(IMAGE_FIELDS))
-    if not isinstance(name, str) or not _NAME.match(name):
-        errors["name"] = (
-            "must be 1-64 lowercase letters, digits, '.', '_' or '-', starting and ending with "
-            "a letter or digit (e.g. ubuntu-24.04-cuda-12.6)"
-        )
-    elif Image.objects.filter(cluster=cluster, name=name).exists():
-        errors["name"] = f"cluster {cluster.name} already has an image named {name!r}"
+    if problem := image_name_problem(
+        Image, cluster=cluster, name=name, example="ubuntu-24.04-cuda-12.6", what="an image"
+    ):
+        errors["name"] = problem
     if errors:
         raise ValidationError(errors)
     image = Image.objects.create(cluster=cluster, name=name, **values)
