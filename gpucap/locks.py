@@ -15,6 +15,9 @@ class              letters  id                                          held by
 =================  ======  ===========================================  =====================
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from django.db import connection
 
 DRIVER_WORK = 0x67707663
@@ -33,3 +36,20 @@ def xact_lock(lock_class: int, object_id: int) -> None:
     """Wait for the lock; it is held until the current transaction ends."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", key(lock_class, object_id))
+
+
+@contextmanager
+def session_try_lock(lock_class: int, object_id: int) -> Iterator[bool]:
+    """Try the lock without waiting; yields whether it was taken, and releases it after. A
+    session lock: PostgreSQL also releases it when the holder's connection ends, a worker
+    killed with SIGKILL included."""
+    keys = key(lock_class, object_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", keys)
+        taken = cursor.fetchone()[0]
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", keys)

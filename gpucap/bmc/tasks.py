@@ -27,13 +27,11 @@ runs in a task, never in a web request (docs/bmc.md).
 """
 
 import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from celery import shared_task
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 
 from gpucap import locks
 from gpucap.bmc import discovery_runs, provisioning
@@ -90,7 +88,7 @@ _DATABASE_RETRY = {
 def provision_step(provisioning_id: int) -> str | None:
     """One step of a provisioning run; its state afterwards (None: another step holds it, or
     no such run)."""
-    with _provisioning_lock(provisioning_id) as taken:
+    with locks.session_try_lock(locks.PROVISIONING, provisioning_id) as taken:
         if not taken:
             return None
         step = provisioning.provisioning_advance(provisioning_id)
@@ -105,17 +103,3 @@ def provisionings_tick() -> int:
         # Left waiting longer than a tick, a step is dropped: the next tick sends another.
         provision_step.apply_async(args=[provisioning_id], expires=settings.PROVISION_POLL_SECONDS)
     return len(ids)
-
-
-@contextmanager
-def _provisioning_lock(provisioning_id: int) -> Iterator[bool]:
-    key = locks.key(locks.PROVISIONING, provisioning_id)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
-        taken = cursor.fetchone()[0]
-    try:
-        yield taken
-    finally:
-        if taken:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)

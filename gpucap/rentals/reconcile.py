@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from gpucap import locks
@@ -71,16 +71,8 @@ def vm_driver_lock(vm_id: int) -> Iterator[bool]:
 
     A PostgreSQL session advisory lock, so it is released when the holder's connection ends,
     a worker killed with SIGKILL included. It is never held while waiting for another."""
-    key = locks.key(locks.DRIVER_WORK, vm_id)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
-        taken = cursor.fetchone()[0]
-    try:
+    with locks.session_try_lock(locks.DRIVER_WORK, vm_id) as taken:
         yield taken
-    finally:
-        if taken:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 def vms_reconcile(
