@@ -37,6 +37,19 @@ SYSTEM_ID_RULE = "must be a Redfish id: letters, digits, '.', '_' and '-' (at mo
 # --- discoveries ---------------------------------------------------------------------------------
 
 
+def _system_id_field() -> serializers.RegexField:
+    """The Redfish ComputerSystem id a discovery entry and a node's credentials take."""
+    return serializers.RegexField(
+        r"^[A-Za-z0-9._-]*$",
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        default="",
+        error_messages={"invalid": SYSTEM_ID_RULE},
+        help_text="The Redfish ComputerSystem id; empty: the BMC's only one.",
+    )
+
+
 class DiscoveryEntrySerializer(InputSerializer):
     cluster = serializers.CharField(
         max_length=253, help_text="The cluster the node is in, or is to be created in."
@@ -74,15 +87,7 @@ class DiscoveryEntrySerializer(InputSerializer):
         default="",
         help_text="Required for a new node: the BMC does not tell.",
     )
-    system_id = serializers.RegexField(
-        r"^[A-Za-z0-9._-]*$",
-        max_length=64,
-        required=False,
-        allow_blank=True,
-        default="",
-        error_messages={"invalid": SYSTEM_ID_RULE},
-        help_text="The Redfish ComputerSystem id; empty: the BMC's only one.",
-    )
+    system_id = _system_id_field()
 
 
 class DiscoveryRequestSerializer(InputSerializer):
@@ -317,15 +322,7 @@ class BmcCredentialInputSerializer(InputSerializer):
     verify_tls = serializers.BooleanField(
         default=True, help_text="Verify the BMC's certificate (absent: true)."
     )
-    system_id = serializers.RegexField(
-        r"^[A-Za-z0-9._-]*$",
-        max_length=64,
-        required=False,
-        allow_blank=True,
-        default="",
-        error_messages={"invalid": SYSTEM_ID_RULE},
-        help_text="The Redfish ComputerSystem id; empty: the BMC's only one.",
-    )
+    system_id = _system_id_field()
 
 
 class BmcCredentialSerializer(serializers.Serializer):
